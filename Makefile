@@ -1,0 +1,41 @@
+# OpenEnv — developer commands. `make demo` and `make test` set everything up on first use.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test lint format bench interop clean
+
+$(STAMP): pyproject.toml envs/echo_env/pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -e ".[dev]" -e envs/echo_env
+	touch $(STAMP)
+
+setup: $(STAMP)  ## create .venv with the project, its dev tools and the echo environment
+
+demo: setup  ## start the echo environment and run its quick-start against it
+	$(PY) examples/echo_demo.py
+
+test: setup  ## lint, then run the test suite
+	$(PY) -m ruff check src tests envs examples bench
+	$(PY) -m pytest -q
+
+lint: setup
+	$(PY) -m ruff check src tests envs examples bench
+	$(PY) -m ruff format --check src tests envs examples bench
+
+format: setup
+	$(PY) -m ruff format src tests envs examples bench
+	$(PY) -m ruff check --fix src tests envs examples bench
+
+bench: setup  ## WebSocket throughput/latency/CPU against a raw-websockets floor, import time, RSS per session
+	$(PY) bench/bench_ws.py
+	$(PY) bench/bench_footprint.py
+
+interop: setup  ## drive upstream openenv 0.10.0 with our client and ours with theirs (separate venv)
+	bash scripts/interop.sh
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,184 @@
+"""The environments and apps the benchmarks serve, and the raw-websockets floor server.
+
+python bench/apps.py <name> <port>      # name: sync | async | echo | floor | floor-echo
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from typing import Any, Optional
+
+from fastapi import WebSocket
+
+from openenv.core.env_server.interfaces import Environment
+from openenv.core.env_server.types import Action, Observation, State
+
+MAX_SESSIONS = 2048
+
+
+class PingAction(Action):
+    message: str = ""
+
+
+class PingObservation(Observation):
+    echoed: str = ""
+
+
+class TrivialEnv(Environment[PingAction, PingObservation, State]):
+    """Echoes the action's message: the cheapest possible environment."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._state = State(episode_id="bench", step_count=0)
+
+    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> PingObservation:
+        self._state = State(episode_id="bench", step_count=0)
+        return PingObservation(echoed="ready", reward=0.0)
+
+    def step(self, action: PingAction, timeout_s: Optional[float] = None, **kwargs: Any) -> PingObservation:
+        self._state.step_count += 1
+        return PingObservation(echoed=action.message, reward=1.0)
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+
+class AsyncTrivialEnv(TrivialEnv):
+    """The same environment written async: it runs on the server's event loop."""
+
+    async def reset_async(
+        self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any
+    ) -> PingObservation:
+        return self.reset(seed, episode_id)
+
+    async def step_async(self, action: PingAction, timeout_s: Optional[float] = None, **kwargs: Any) -> PingObservation:
+        return self.step(action)
+
+
+def null_app() -> Any:
+    """A FastAPI WebSocket route answering a fixed frame: uvicorn + Starlette, no OpenEnv."""
+    from fastapi import FastAPI
+
+    app = FastAPI()
+    reply = json.dumps(TRIVIAL_REPLY, separators=(",", ":"))
+
+    @app.websocket("/ws")
+    async def ws(websocket: WebSocket) -> None:
+        await websocket.accept()
+        while True:
+            message = await websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            json.loads(message["text"])
+            await websocket.send({"type": "websocket.send", "text": reply})
+
+    return app
+
+
+def make_app(name: str) -> Any:
+    from fastapi import FastAPI
+
+    from openenv.core.env_server.http_server import create_app
+
+    if name == "null":
+        return null_app()
+    if name == "echo":
+        os.environ["MAX_CONCURRENT_ENVS"] = str(MAX_SESSIONS)
+        from echo_env.server.app import app
+    else:
+        env = {"sync": TrivialEnv, "async": AsyncTrivialEnv}[name]
+        app = create_app(env, PingAction, PingObservation, max_concurrent_envs=MAX_SESSIONS)
+    assert isinstance(app, FastAPI)
+
+    @app.get("/_bench/sessions")
+    async def sessions() -> dict:
+        server = app.state.openenv_server
+        return {
+            "active": server.active_sessions,
+            "stuck_workers": server.manager.pool.stuck,
+            "threads": server.manager.pool.threads,
+        }
+
+    return app
+
+
+# --- the floor: a raw websockets server doing the same JSON round trip ------------------------
+
+TRIVIAL_REPLY = {
+    "type": "observation",
+    "data": {"observation": {"metadata": {}, "echoed": ""}, "reward": 1.0, "done": False},
+}
+
+
+def echo_reply(message: str) -> dict:
+    """The frame the echo environment sends for an echo_message call, same keys and sizes."""
+    result = {
+        "content": [{"type": "text", "text": message}],
+        "structured_content": {"result": message},
+        "meta": {"fastmcp": {"wrap_result": True}},
+        "data": message,
+        "is_error": False,
+    }
+    observation = {"metadata": {}, "tool_name": "echo_message", "result": result, "error": None}
+    return {"type": "observation", "data": {"observation": observation, "reward": 0.1 * len(message), "done": False}}
+
+
+async def floor_handler(ws: Any, echo: bool) -> None:
+    from websockets.exceptions import ConnectionClosed
+
+    try:
+        await _floor_loop(ws, echo)
+    except ConnectionClosed:
+        pass
+
+
+async def _floor_loop(ws: Any, echo: bool) -> None:
+    async for text in ws:
+        message = json.loads(text)
+        data = message.get("data") or {}
+        if echo:
+            reply = echo_reply(str((data.get("arguments") or {}).get("message", "")))
+        else:
+            reply = {
+                "type": "observation",
+                "data": {
+                    "observation": {"metadata": {}, "echoed": data.get("message", "")},
+                    "reward": 1.0,
+                    "done": False,
+                },
+            }
+        await ws.send(json.dumps(reply, separators=(",", ":")))
+
+
+async def serve_floor(port: int, echo: bool) -> None:
+    from websockets.asyncio.server import serve
+
+    async with serve(lambda ws: floor_handler(ws, echo), "127.0.0.1", port, compression=None, max_size=2**28):
+        await asyncio.Future()
+
+
+def main() -> None:
+    name, port = sys.argv[1], int(sys.argv[2])
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    if name.startswith("floor"):
+        asyncio.run(serve_floor(port, echo=name == "floor-echo"))
+        return
+    from openenv.core.env_server.runner import run_server
+
+    loop = os.environ.get("BENCH_LOOP", "auto")
+    run_server(make_app(name), port=port, log_level="warning", access_log=False, loop=loop)
+
+
+if __name__ == "__main__":
+    main()

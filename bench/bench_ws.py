@@ -1,0 +1,214 @@
+"""WebSocket step throughput, latency and server CPU per step, beside a raw-websockets floor.
+
+Each case runs our server (uvicorn + OpenEnv, in its own process) and the floor (a bare
+``websockets`` server doing the same JSON round trip, same event loop) in the same run, with the
+same client, and reports both and their ratio. Server CPU is read from /proc for the server's
+process only, so the client's own cost does not count.
+
+    python bench/bench_ws.py [--seconds 2.5] [--repeats 3] [--ks 1,32,512] [--cases sync,async,echo]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Dict, List
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+CASES = {
+    "null": ("uvicorn+FastAPI only", "null", "floor", {"type": "step", "data": {"message": "hello"}}),
+    "sync": ("trivial sync env", "sync", "floor", {"type": "step", "data": {"message": "hello"}}),
+    "async": ("trivial async env", "async", "floor", {"type": "step", "data": {"message": "hello"}}),
+    "echo": (
+        "echo MCP tool call",
+        "echo",
+        "floor-echo",
+        {"type": "step", "data": {"type": "call_tool", "tool_name": "echo_message", "arguments": {"message": "hello"}}},
+    ),
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+class Server:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.port = free_port()
+        self.process = subprocess.Popen(
+            [sys.executable, str(HERE / "apps.py"), name, str(self.port)], stdout=subprocess.DEVNULL
+        )
+        self._wait()
+
+    def _wait(self) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} server exited with {self.process.returncode}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"{self.name} server did not start")
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/ws"
+
+    def sessions(self) -> Dict[str, Any]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/_bench/sessions", timeout=5) as r:
+            return json.load(r)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+async def measure(
+    server: Server, frame: Dict[str, Any], k: int, seconds: float, warmup_steps: int = 20
+) -> Dict[str, float]:
+    from websockets.asyncio.client import connect
+
+    text = json.dumps(frame, separators=(",", ":"))
+    sockets = []
+    for _ in range(k):
+        sockets.append(await connect(server.url, compression=None, max_size=2**28, open_timeout=30, ping_interval=None))
+    try:
+        for ws in sockets:
+            await ws.send('{"type":"reset","data":{}}')
+            await ws.recv()
+
+        async def warm(ws: Any) -> None:
+            for _ in range(warmup_steps):
+                await ws.send(text)
+                await ws.recv()
+
+        await asyncio.gather(*(warm(ws) for ws in sockets))
+        latencies: List[float] = []
+        stop_at = 0.0
+
+        async def drive(ws: Any) -> None:
+            clock = time.perf_counter
+            while True:
+                started = clock()
+                if started >= stop_at:
+                    return
+                await ws.send(text)
+                reply = await ws.recv()
+                latencies.append(clock() - started)
+                if reply.startswith('{"type":"error"'):
+                    raise RuntimeError(reply[:300])
+
+        cpu_before = cpu_seconds(server.process.pid)
+        began = time.perf_counter()
+        stop_at = began + seconds
+        await asyncio.gather(*(drive(ws) for ws in sockets))
+        elapsed = time.perf_counter() - began
+        cpu = cpu_seconds(server.process.pid) - cpu_before
+    finally:
+        await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
+    latencies.sort()
+    steps = len(latencies)
+    return {
+        "steps_per_s": steps / elapsed,
+        "p50_ms": 1000 * latencies[steps // 2],
+        "p99_ms": 1000 * latencies[min(steps - 1, int(steps * 0.99))],
+        "cpu_us_per_step": 1e6 * cpu / steps,
+        "steps": steps,
+    }
+
+
+def median_of(runs: List[Dict[str, float]]) -> Dict[str, float]:
+    return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=2.5)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--ks", default="1,32,512")
+    parser.add_argument("--cases", default="sync,async,echo")
+    args = parser.parse_args()
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    ks = [int(k) for k in args.ks.split(",")]
+    rows = []
+    for case in args.cases.split(","):
+        label, ours_name, floor_name, frame = CASES[case]
+        ours, floor = Server(ours_name), Server(floor_name)
+        try:
+            for k in ks:
+                runs: Dict[str, List[Dict[str, float]]] = {"floor": [], "ours": []}
+                for _ in range(args.repeats):
+                    for which, server in (("floor", floor), ("ours", ours)):
+                        runs[which].append(asyncio.run(measure(server, frame, k, args.seconds)))
+                row = {"case": label, "k": k, "floor": median_of(runs["floor"]), "ours": median_of(runs["ours"])}
+                row["throughput_ratio"] = row["ours"]["steps_per_s"] / row["floor"]["steps_per_s"]
+                row["cpu_ratio"] = row["ours"]["cpu_us_per_step"] / row["floor"]["cpu_us_per_step"]
+                rows.append(row)
+                print(
+                    f"{label:<20} K={k:<4} floor {row['floor']['steps_per_s']:8.0f}/s {row['floor']['cpu_us_per_step']:6.1f} us | "
+                    f"ours {row['ours']['steps_per_s']:8.0f}/s {row['ours']['cpu_us_per_step']:6.1f} us | "
+                    f"throughput x{row['throughput_ratio']:.2f}  cpu x{row['cpu_ratio']:.2f}",
+                    flush=True,
+                )
+            leftover = ours.sessions() if ours_name != "null" else {"active": 0}
+            if leftover["active"]:
+                print(f"  warning: {leftover['active']} sessions still open after the runs", flush=True)
+        finally:
+            ours.stop()
+            floor.stop()
+    print_table(rows)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "ws.json").write_text(
+        json.dumps({"machine": os.uname().nodename, "cpus": os.cpu_count(), "rows": rows}, indent=2)
+    )
+    print(f"\nraw figures: {RESULTS / 'ws.json'}")
+    return 0
+
+
+def print_table(rows: List[Dict[str, Any]]) -> None:
+    print(
+        "\n| case | K | floor steps/s | ours steps/s | ratio | floor p50 / p99 ms | ours p50 / p99 ms | floor CPU us/step | ours CPU us/step | CPU ratio |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        f, o = r["floor"], r["ours"]
+        print(
+            f"| {r['case']} | {r['k']} | {f['steps_per_s']:.0f} | {o['steps_per_s']:.0f} | {r['throughput_ratio']:.2f} | "
+            f"{f['p50_ms']:.2f} / {f['p99_ms']:.2f} | {o['p50_ms']:.2f} / {o['p99_ms']:.2f} | "
+            f"{f['cpu_us_per_step']:.1f} | {o['cpu_us_per_step']:.1f} | {r['cpu_ratio']:.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,29 @@
+"""OpenEnv core: the environment contract, the server and the clients.
+
+Every name is imported on first use, so ``import openenv.core`` costs next to nothing.
+"""
+
+from __future__ import annotations
+
+from .._lazy import lazy_exports
+from .env_server import __all__ as _server_names
+
+_EXPORTS = {name: ".env_server" for name in _server_names}
+_EXPORTS.update(
+    {
+        "EnvClient": ".env_client",
+        "SyncEnvClient": ".sync_client",
+        "GenericEnvClient": ".generic_client",
+        "GenericAction": ".generic_client",
+        "MCPClientBase": ".mcp_client",
+        "MCPToolClient": ".mcp_client",
+        "GenericMCPObservation": ".mcp_client",
+        "StepResult": ".client_types",
+        "ServerError": ".client_errors",
+        "SessionLostError": ".client_errors",
+        "ToolCallError": ".client_errors",
+    }
+)
+
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

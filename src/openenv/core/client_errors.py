@@ -1,0 +1,112 @@
+"""Exceptions a client raises. All are ``RuntimeError``s, as OpenEnv 0.10's client raises.
+
+An error frame from the server becomes a :class:`ServerError` subclass chosen by its ``code``;
+the exception keeps the code and the frame's other fields (``details``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Type
+
+
+class EnvClientError(RuntimeError):
+    """Base of the client's exceptions."""
+
+
+class ServerError(EnvClientError):
+    """The server answered with an error frame. ``code`` is its ``WSErrorCode`` value."""
+
+    code: str = ""
+
+    def __init__(self, message: str, code: Optional[str] = None, details: Optional[Dict[str, Any]] = None) -> None:
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.details = details or {}
+        super().__init__(f"Server error: {message} (code: {self.code})")
+
+
+class InvalidMessageError(ServerError):
+    """The server could not read the frame (INVALID_JSON, UNKNOWN_TYPE, UNSUPPORTED_FRAME)."""
+
+
+class MessageTooLargeError(ServerError):
+    code = "MESSAGE_TOO_LARGE"
+
+
+class ActionValidationError(ServerError):
+    """The action (or the frame around it) did not validate; ``errors`` lists pydantic's errors."""
+
+    code = "VALIDATION_ERROR"
+
+    @property
+    def errors(self) -> list:
+        return list(self.details.get("errors", []))
+
+
+class EnvironmentExecutionError(ServerError):
+    """The environment's own code raised while handling the request."""
+
+    code = "EXECUTION_ERROR"
+
+
+class CapacityReachedError(ServerError):
+    """The server holds as many sessions as it may; try later or raise its ``max_concurrent_envs``."""
+
+    code = "CAPACITY_REACHED"
+
+
+class EnvironmentFactoryFailedError(ServerError):
+    code = "FACTORY_ERROR"
+
+
+class SessionError(ServerError):
+    code = "SESSION_ERROR"
+
+
+class StepTimeoutError(ServerError, TimeoutError):
+    """The server gave up on a call that ran past its step timeout; the episode must be reset."""
+
+    code = "TIMEOUT"
+
+
+_BY_CODE: Dict[str, Type[ServerError]] = {
+    "INVALID_JSON": InvalidMessageError,
+    "UNKNOWN_TYPE": InvalidMessageError,
+    "UNSUPPORTED_FRAME": InvalidMessageError,
+    "MESSAGE_TOO_LARGE": MessageTooLargeError,
+    "VALIDATION_ERROR": ActionValidationError,
+    "EXECUTION_ERROR": EnvironmentExecutionError,
+    "CAPACITY_REACHED": CapacityReachedError,
+    "FACTORY_ERROR": EnvironmentFactoryFailedError,
+    "SESSION_ERROR": SessionError,
+    "TIMEOUT": StepTimeoutError,
+}
+
+
+def error_from_frame(data: Any) -> ServerError:
+    """The exception for the ``data`` of an error frame."""
+    if not isinstance(data, dict):
+        return ServerError(str(data), "UNKNOWN")
+    code = str(data.get("code", "UNKNOWN"))
+    details = {k: v for k, v in data.items() if k not in ("message", "code")}
+    return _BY_CODE.get(code, ServerError)(str(data.get("message", "")), code, details)
+
+
+class SessionLostError(EnvClientError):
+    """The connection carrying the episode was lost (timeout, server restart, network).
+
+    The server's session is gone with it: call ``reset()`` to start a new episode on a new
+    connection.
+    """
+
+
+class ToolCallError(EnvClientError):
+    """An MCP tool call failed; ``code`` is the JSON-RPC error code."""
+
+    def __init__(self, tool_name: str, message: str, code: Optional[int] = None, data: Any = None) -> None:
+        self.tool_name = tool_name
+        self.message = message
+        self.code = code
+        self.data = data
+        super().__init__(f"Tool '{tool_name}' failed: {message}")

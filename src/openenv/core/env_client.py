@@ -1,0 +1,463 @@
+"""The client trainers use to drive an environment over its ``/ws`` WebSocket.
+
+Subclass :class:`EnvClient` for an environment's typed client and implement three methods:
+``_step_payload(action) -> dict`` (the JSON of an action), ``_parse_result(payload) ->
+StepResult`` and ``_parse_state(payload) -> State``. Then::
+
+    async with MyEnv(base_url="http://localhost:8000") as env:
+        result = await env.reset(seed=0)
+        result = await env.step(MyAction(...))
+
+    with MyEnv(base_url="http://localhost:8000").sync() as env:   # same, blocking
+        result = env.reset(seed=0)
+
+The public methods are dual-mode like OpenEnv 0.10's: called inside a running event loop they
+return coroutines; called from sync code they block. The first call decides which (``async
+with`` and ``.sync()`` decide explicitly). ``base_url`` may be ``http(s)://host:port`` or
+``unix:///path/to/env.sock`` (a server on a Unix socket).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, Callable, Dict, Generic, List, Optional, TypeVar
+
+from .client_errors import SessionLostError, error_from_frame
+from .client_types import StepResult
+from .utils import Endpoint, parse_endpoint
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .sync_client import LoopThread, SyncEnvClient
+
+logger = logging.getLogger("openenv.client")
+
+ActT = TypeVar("ActT")
+ObsT = TypeVar("ObsT")
+StateT = TypeVar("StateT")
+
+_MIB = 1024 * 1024
+_MODES = ("simulation", "production")
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _resolve_mode(mode: Optional[str]) -> str:
+    import os
+
+    value = (mode or os.environ.get("OPENENV_CLIENT_MODE") or "simulation").lower()
+    if value not in _MODES:
+        raise ValueError(f"mode must be 'simulation' or 'production', got {mode!r}")
+    return value
+
+
+if sys.version_info >= (3, 11):
+    _timeout = asyncio.timeout
+else:  # pragma: no cover - Python 3.10
+    import contextlib
+
+    @contextlib.asynccontextmanager
+    async def _timeout(delay: Optional[float]):  # type: ignore[no-redef]
+        if delay is None:
+            yield
+            return
+        task = asyncio.current_task()
+        handle = asyncio.get_running_loop().call_later(delay, task.cancel)  # type: ignore[union-attr]
+        try:
+            yield
+        except asyncio.CancelledError:
+            raise TimeoutError from None
+        finally:
+            handle.cancel()
+
+
+class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
+    """Async client of one environment session (see the module docstring)."""
+
+    def __init__(
+        self,
+        base_url: Optional[str] = None,
+        connect_timeout_s: float = 10.0,
+        message_timeout_s: float = 60.0,
+        max_message_size_mb: float = 100.0,
+        websocket_ping_interval_s: Optional[float] = 20.0,
+        websocket_ping_timeout_s: Optional[float] = 20.0,
+        provider: Any = None,
+        mode: Optional[str] = None,
+        headers: Optional[Dict[str, str]] = None,
+    ) -> None:
+        if base_url is None and provider is None:
+            raise ValueError(
+                "EnvClient needs a base_url (e.g. 'http://localhost:8000') or a provider that starts a server"
+            )
+        self._endpoint: Optional[Endpoint] = parse_endpoint(base_url) if base_url else None
+        self._connect_timeout_s = connect_timeout_s
+        self._message_timeout_s = message_timeout_s
+        self._max_message_size_mb = max_message_size_mb
+        self._ping_interval_s = websocket_ping_interval_s
+        self._ping_timeout_s = websocket_ping_timeout_s
+        self._provider = provider
+        self._mode = _resolve_mode(mode)
+        self._headers = dict(headers or {})
+        self._ws: Any = None
+        self._ws_loop: Optional[asyncio.AbstractEventLoop] = None
+        self._io_lock: Optional[asyncio.Lock] = None
+        self._usage: Optional[str] = None
+        self._loop_thread: Optional[LoopThread] = None
+        self._sync_client: Optional[SyncEnvClient[ActT, ObsT, StateT]] = None
+        self._children: List[EnvClient[Any, Any, Any]] = []
+        self._session_lost = False
+        self._provider_started = False
+        self._warned_step_kwargs = False
+
+    # --- what subclasses implement ----------------------------------------------------------
+
+    @abstractmethod
+    def _step_payload(self, action: ActT) -> Dict[str, Any]:
+        """The JSON object sent as the ``data`` of a step frame."""
+
+    @abstractmethod
+    def _parse_result(self, payload: Dict[str, Any]) -> StepResult[ObsT]:
+        """A :class:`StepResult` from the ``data`` of an observation frame."""
+
+    @abstractmethod
+    def _parse_state(self, payload: Dict[str, Any]) -> StateT:
+        """The state from the ``data`` of a state frame."""
+
+    # --- properties ---------------------------------------------------------------------------
+
+    @property
+    def base_url(self) -> Optional[str]:
+        """The server's URL (None until a provider has started it)."""
+        if self._endpoint is None:
+            return None
+        return f"unix://{self._endpoint.uds}" if self._endpoint.uds else self._endpoint.http_url
+
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    @property
+    def headers(self) -> Dict[str, str]:
+        return dict(self._headers)
+
+    # --- dual-mode dispatch -------------------------------------------------------------------
+
+    def _claim(self, usage: str) -> None:
+        if self._usage is None:
+            self._usage = usage
+        elif self._usage != usage:
+            other = "sync" if usage == "async" else "async"
+            raise RuntimeError(
+                f"{type(self).__name__} is already being used in {other} mode; create one client "
+                "for async code and another (or client.sync()) for sync code"
+            )
+
+    def _runner(self) -> LoopThread:
+        if self._loop_thread is None:
+            from .sync_client import LoopThread
+
+            self._loop_thread = LoopThread()
+        return self._loop_thread
+
+    def _stop_runner(self) -> None:
+        if self._loop_thread is not None:
+            self._loop_thread.stop()
+            self._loop_thread = None
+
+    def _dispatch(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Call ``fn`` (a coroutine function): return its coroutine in async use, its result in sync use."""
+        if self._usage is None:
+            self._usage = "async" if _loop_running() else "sync"
+        if self._usage == "async":
+            if not _loop_running():
+                raise RuntimeError(
+                    f"{type(self).__name__} is being used with async/await; from sync code use "
+                    "client.sync() (or a separate client)"
+                )
+            return fn(*args, **kwargs)
+        runner = self._runner()
+        if runner.in_loop_thread():
+            return fn(*args, **kwargs)
+        return runner.run(fn(*args, **kwargs))
+
+    def connect(self) -> Any:
+        """Open the WebSocket (and start the provider, if any). Returns the client."""
+        return self._dispatch(self._connect_and_return)
+
+    def disconnect(self) -> Any:
+        return self._dispatch(self._disconnect_async)
+
+    def reset(self, **kwargs: Any) -> Any:
+        """Start an episode; ``kwargs`` (``seed``, ``episode_id``, env options) go to the env's ``reset``."""
+        return self._dispatch(self._reset_async, **kwargs)
+
+    def step(self, action: ActT, **kwargs: Any) -> Any:
+        """Apply ``action`` and return the :class:`StepResult`."""
+        return self._dispatch(self._step_async, action, **kwargs)
+
+    def state(self) -> Any:
+        return self._dispatch(self._state_async)
+
+    def close(self) -> Any:
+        """Close the session, its child sessions and the provider this client started."""
+        if self._usage == "sync" and not self._runner().in_loop_thread():
+            try:
+                return self._runner().run(self._close_async())
+            finally:
+                self._stop_runner()
+        return self._dispatch(self._close_async)
+
+    def new_session(self) -> Any:
+        """Another client on the same server (a new session), closed together with this one."""
+        return self._dispatch(self._new_session_async)
+
+    def sync(self) -> SyncEnvClient[ActT, ObsT, StateT]:
+        """A blocking view of this client (cached)."""
+        if self._sync_client is None:
+            from .sync_client import SyncEnvClient
+
+            self._sync_client = SyncEnvClient(self)
+        return self._sync_client
+
+    async def __aenter__(self) -> EnvClient[ActT, ObsT, StateT]:
+        self._claim("async")
+        await self._connect_async()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self._close_async()
+
+    def __enter__(self) -> EnvClient[ActT, ObsT, StateT]:
+        self._claim("sync")
+        self._runner().run(self._connect_async())
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # --- connection ---------------------------------------------------------------------------
+
+    async def _connect_and_return(self) -> EnvClient[ActT, ObsT, StateT]:
+        await self._connect_async()
+        return self
+
+    async def _ensure_endpoint(self) -> Endpoint:
+        if self._endpoint is not None:
+            return self._endpoint
+        provider = self._provider
+        if hasattr(provider, "start_container"):
+            url = await asyncio.to_thread(provider.start_container)
+            await asyncio.to_thread(provider.wait_for_ready, url)
+        else:
+            url = await asyncio.to_thread(provider.start)
+            await asyncio.to_thread(provider.wait_for_ready)
+        self._provider_started = True
+        self._endpoint = parse_endpoint(url)
+        return self._endpoint
+
+    def _ws_path(self) -> str:
+        """Path and query of the WebSocket URL (MCP clients attach to a session here)."""
+        return "/ws"
+
+    async def _before_connect(self, endpoint: Endpoint) -> None:
+        """Hook run before each new WebSocket is opened."""
+
+    async def _connect_async(self) -> Any:
+        loop = asyncio.get_running_loop()
+        ws = self._ws
+        if ws is not None:
+            if self._ws_loop is loop and _is_open(ws):
+                return ws
+            self._drop_socket()
+        endpoint = await self._ensure_endpoint()
+        await self._before_connect(endpoint)
+        url = endpoint.ws_url + self._ws_path()
+        options: Dict[str, Any] = dict(
+            open_timeout=self._connect_timeout_s,
+            max_size=int(self._max_message_size_mb * _MIB),
+            ping_interval=self._ping_interval_s,
+            ping_timeout=self._ping_timeout_s,
+            compression=None,
+            additional_headers=self._headers or None,
+        )
+        from websockets.asyncio.client import connect, unix_connect
+
+        try:
+            if endpoint.uds:
+                ws = await unix_connect(endpoint.uds, uri=url, **options)
+            else:
+                if endpoint.is_loopback:
+                    options["proxy"] = None
+                ws = await connect(url, **options)
+        except Exception as exc:
+            where = f"{url} (unix socket {endpoint.uds})" if endpoint.uds else url
+            raise ConnectionError(f"Failed to connect to {where}: {exc}") from exc
+        self._ws, self._ws_loop = ws, loop
+        self._io_lock = asyncio.Lock()
+        return ws
+
+    def _drop_socket(self) -> None:
+        """Forget the socket and close it in the background (its late replies must not be read)."""
+        ws, self._ws = self._ws, None
+        if ws is None:
+            return
+        loop = self._ws_loop
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if loop is not None and loop is running:
+            loop.create_task(_close_quietly(ws))
+        elif loop is not None and not loop.is_closed():
+            try:
+                asyncio.run_coroutine_threadsafe(_close_quietly(ws), loop)
+            except RuntimeError:
+                pass
+
+    async def _disconnect_async(self) -> None:
+        ws, self._ws = self._ws, None
+        if ws is None:
+            return
+        try:
+            if _is_open(ws):
+                await ws.send('{"type":"close"}')
+        except Exception:
+            pass
+        await asyncio.shield(_close_quietly(ws))
+
+    async def _close_async(self) -> None:
+        children, self._children = self._children, []
+        for child in children:
+            try:
+                await child._close_async()
+            except Exception:
+                logger.warning("closing a child session failed", exc_info=True)
+        await self._disconnect_async()
+        if self._provider is not None and self._provider_started:
+            provider = self._provider
+            stop = getattr(provider, "stop_container", None) or provider.stop
+            await asyncio.to_thread(stop)
+            self._provider_started = False
+            self._endpoint = None
+
+    # --- requests -----------------------------------------------------------------------------
+
+    async def _request(self, message: Dict[str, Any], *, starts_session: bool = False) -> Dict[str, Any]:
+        """Send one frame and return the reply; error frames raise :class:`ServerError`."""
+        if self._session_lost and not starts_session:
+            raise SessionLostError(
+                "the connection carrying this episode was lost earlier (see the previous error); "
+                "call reset() to start a new episode"
+            )
+        ws = await self._connect_async()
+        from .env_server.serialization import dumps_json
+
+        text = dumps_json(message)
+        lock = self._io_lock
+        assert lock is not None
+        async with lock:
+            try:
+                await ws.send(text)
+                async with _timeout(self._message_timeout_s):
+                    raw = await ws.recv()
+            except TimeoutError:
+                self._lose_session()
+                raise TimeoutError(
+                    f"no reply from the server within {self._message_timeout_s:g} s "
+                    f"(message_timeout_s); the connection was dropped, call reset() to start a new episode"
+                ) from None
+            except asyncio.CancelledError:
+                self._lose_session()
+                raise
+            except Exception as exc:
+                pending = await _pending_error(ws)
+                self._lose_session()
+                if pending is not None:
+                    raise error_from_frame(pending) from exc
+                raise SessionLostError(f"connection to the server was lost: {exc}") from exc
+        self._session_lost = False
+        response = json.loads(raw)
+        if not isinstance(response, dict):
+            raise RuntimeError(f"unexpected reply from the server: {raw[:200]!r}")
+        if response.get("type") == "error":
+            raise error_from_frame(response.get("data"))
+        return response
+
+    def _lose_session(self) -> None:
+        self._session_lost = True
+        self._drop_socket()
+
+    async def _reset_async(self, **kwargs: Any) -> StepResult[ObsT]:
+        response = await self._request({"type": "reset", "data": kwargs}, starts_session=True)
+        return self._parse_result(response.get("data") or {})
+
+    async def _step_async(self, action: ActT, **kwargs: Any) -> StepResult[ObsT]:
+        if kwargs and not self._warned_step_kwargs:
+            self._warned_step_kwargs = True
+            logger.warning(
+                "step() keyword arguments %s are not sent: the /ws protocol carries only the action", sorted(kwargs)
+            )
+        response = await self._request({"type": "step", "data": self._step_payload(action)})
+        return self._parse_result(response.get("data") or {})
+
+    async def _state_async(self) -> StateT:
+        response = await self._request({"type": "state"})
+        return self._parse_state(response.get("data") or {})
+
+    def _clone_kwargs(self) -> Dict[str, Any]:
+        return dict(
+            base_url=self.base_url,
+            connect_timeout_s=self._connect_timeout_s,
+            message_timeout_s=self._message_timeout_s,
+            max_message_size_mb=self._max_message_size_mb,
+            websocket_ping_interval_s=self._ping_interval_s,
+            websocket_ping_timeout_s=self._ping_timeout_s,
+            mode=self._mode,
+            headers=self._headers or None,
+        )
+
+    async def _new_session_async(self) -> EnvClient[Any, Any, Any]:
+        await self._ensure_endpoint()
+        child = type(self)(**self._clone_kwargs())
+        child._usage = "async"
+        await child._connect_async()
+        self._children.append(child)
+        return child
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(base_url={self.base_url!r})"
+
+
+def _is_open(ws: Any) -> bool:
+    from websockets.protocol import State
+
+    return ws.state is State.OPEN
+
+
+async def _pending_error(ws: Any) -> Optional[Dict[str, Any]]:
+    """An error frame the server sent just before closing (e.g. a capacity refusal), if any."""
+    try:
+        raw = await asyncio.wait_for(ws.recv(), timeout=1.0)
+        message = json.loads(raw)
+    except Exception:
+        return None
+    if isinstance(message, dict) and message.get("type") == "error":
+        return message.get("data")
+    return None
+
+
+async def _close_quietly(ws: Any) -> None:
+    try:
+        await asyncio.wait_for(ws.close(), timeout=5.0)
+    except Exception:
+        pass

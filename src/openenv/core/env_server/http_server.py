@@ -1,0 +1,675 @@
+"""The environment server: FastAPI routes over one :class:`SessionManager`.
+
+Routes (OpenEnv 0.10): ``GET /health``, ``GET /schema``, ``GET /metadata``, ``POST /reset``,
+``POST /step``, ``GET /state`` (simulation mode only), ``WS /ws``, ``POST /mcp`` and ``WS /mcp``,
+the Task API (``/list_environments``, ``/{env_name}/splits|tasks|num_tasks|task|task_range``) and
+FastAPI's ``/docs``. HTTP ``/reset``, ``/step`` and ``/state`` are stateless (a fresh environment per
+call) unless the request names a session created with ``openenv/session/create``: a
+``session_id`` key in the body, or ``?session_id=`` for ``/state``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import logging
+import os
+from typing import Any, AsyncIterator, Callable, Dict, Optional, Type, Union
+
+import pydantic
+from fastapi import Body, FastAPI, Query, Request, WebSocket
+from fastapi.responses import JSONResponse, Response
+
+from .exceptions import (
+    EnvironmentFactoryError,
+    SessionCapacityError,
+    SessionCreationError,
+    SessionNotFoundError,
+    StepTimeoutError,
+)
+from .interfaces import Environment
+from .mcp_endpoint import MCPDispatcher
+from .mcp_types import JsonRpcErrorCode, JsonRpcRequest, JsonRpcResponse
+from .serialization import deserialize_action, dumps_json, serialize_observation, to_jsonable
+from .sessions import Session, SessionClosedError, SessionKind, SessionManager, SessionState
+from .types import (
+    Action,
+    ConcurrencyConfig,
+    EnvironmentMetadata,
+    GetTaskRangeRequest,
+    GetTaskRequest,
+    HealthResponse,
+    ListTasksRequest,
+    NumTasksRequest,
+    Observation,
+    ResetRequest,
+    ResetResponse,
+    SchemaResponse,
+    ServerCapacityStatus,
+    ServerMode,
+    SessionInfo,
+    State,
+    StepRequest,
+    StepResponse,
+)
+from .ws_endpoint import WSConnection
+
+logger = logging.getLogger("openenv.server")
+
+DEFAULT_MAX_MESSAGE_MB = 32.0
+"""Largest frame or request body the app accepts, in MiB (``OPENENV_MAX_MESSAGE_MB``)."""
+
+ENV_FACTORY = Callable[[], Environment]
+
+
+def _resolve_mode(mode: Union[ServerMode, str, None]) -> ServerMode:
+    if mode is None:
+        mode = os.environ.get("OPENENV_MODE", ServerMode.SIMULATION.value)
+    if isinstance(mode, ServerMode):
+        return mode
+    try:
+        return ServerMode(str(mode).lower())
+    except ValueError:
+        valid = ", ".join(m.value for m in ServerMode)
+        raise ValueError(f"Invalid server mode {mode!r}: expected one of {valid}") from None
+
+
+def _error(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse({"detail": message, "code": code}, status_code=status)
+
+
+def _observation_response(model: Type[pydantic.BaseModel], observation: Observation) -> Dict[str, Any]:
+    payload = serialize_observation(observation)
+    reward = payload["reward"]
+    return model(
+        observation=to_jsonable(payload["observation"]),
+        reward=None if reward is None else float(reward),
+        done=payload["done"],
+        metadata=to_jsonable(payload.get("metadata")),
+    ).model_dump()
+
+
+class HTTPEnvServer:
+    """Serves an environment factory over HTTP and WebSocket.
+
+    ``env`` is a factory (usually the environment class) called once per session. With
+    ``max_concurrent_envs > 1`` the environment must declare ``SUPPORTS_CONCURRENT_SESSIONS``.
+    ``step_timeout_s`` (or ``$OPENENV_STEP_TIMEOUT_S``) bounds every reset/step/state/tool call;
+    ``max_message_size_mb`` (or ``$OPENENV_MAX_MESSAGE_MB``) bounds frames and request bodies.
+    """
+
+    def __init__(
+        self,
+        env: ENV_FACTORY,
+        action_cls: Type[Action],
+        observation_cls: Type[Observation],
+        max_concurrent_envs: Optional[int] = None,
+        concurrency_config: Optional[ConcurrencyConfig] = None,
+        env_name: Optional[str] = None,
+        state_cls: Type[State] = State,
+        *,
+        reset_observation_cls: Optional[Type[Observation]] = None,
+        step_timeout_s: Optional[float] = None,
+        max_message_size_mb: Optional[float] = None,
+        worker_threads: Optional[int] = None,
+    ) -> None:
+        if isinstance(env, Environment) or not callable(env):
+            raise TypeError(
+                "HTTPEnvServer needs an environment factory (the class, a function or a "
+                f"functools.partial), not an instance of {type(env).__name__}: pass "
+                f"{type(env).__name__} itself so each session gets its own instance"
+            )
+        if max_concurrent_envs is not None and concurrency_config is not None:
+            raise ValueError("Pass either max_concurrent_envs or concurrency_config, not both")
+        if concurrency_config is None:
+            concurrency_config = ConcurrencyConfig(max_concurrent_envs=max_concurrent_envs or 1)
+        self._concurrency_config = concurrency_config
+        self.action_cls = action_cls
+        self.observation_cls = observation_cls
+        self.reset_observation_cls = reset_observation_cls or observation_cls
+        self.state_cls = state_cls
+        self.env_name = env_name or getattr(env, "__name__", None) or type(env).__name__
+        self.mode = ServerMode.SIMULATION
+        self.manager = SessionManager(
+            env,
+            max_sessions=concurrency_config.max_concurrent_envs,
+            session_timeout_s=concurrency_config.session_timeout,
+            step_timeout_s=step_timeout_s,
+            worker_threads=worker_threads,
+        )
+        if max_message_size_mb is None:
+            max_message_size_mb = float(os.environ.get("OPENENV_MAX_MESSAGE_MB", DEFAULT_MAX_MESSAGE_MB))
+        self.max_message_chars = int(max_message_size_mb * 1024 * 1024)
+        self.mcp = MCPDispatcher(self.manager, action_cls, self.env_name, on_session_created=self.prepare_session)
+        self._metadata: Optional[EnvironmentMetadata] = None
+        self._schema: Optional[Dict[str, Any]] = None
+
+    # --- introspection (OpenEnv 0.10 API) ---------------------------------------------------
+
+    @property
+    def concurrency_config(self) -> ConcurrencyConfig:
+        return self._concurrency_config
+
+    @property
+    def max_concurrent_envs(self) -> int:
+        return self.manager.max_sessions
+
+    @property
+    def active_sessions(self) -> int:
+        return self.manager.active_sessions
+
+    @property
+    def is_concurrency_safe(self) -> bool:
+        cls = self.manager.env_cls
+        return (
+            bool(getattr(cls, "SUPPORTS_CONCURRENT_SESSIONS", False))
+            if cls is not None
+            else self.max_concurrent_envs > 1
+        )
+
+    def get_capacity_status(self) -> ServerCapacityStatus:
+        return self.manager.capacity_status()
+
+    def get_session_info(self, session_id: str) -> Optional[SessionInfo]:
+        return self.manager.session_info(session_id)
+
+    def prepare_session(self, session: Session) -> None:
+        """Tell a new MCP environment the server's mode (for mode-specific tools) and worker pool
+        (for its sync tools)."""
+        if session.traits is not None and session.traits.mcp:
+            session.env._mode = self.mode
+            session.env._worker_pool = self.manager.pool
+
+    # --- shared helpers of the routes -------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _target(self, session_id: Optional[str]) -> AsyncIterator[Session]:
+        """The named session, or a throw-away one for a stateless call."""
+        if session_id:
+            session = self.manager.get(str(session_id))
+            if session.state is SessionState.CREATING:
+                raise SessionCreationError("initializing", f"Session {session_id} is still initializing; retry shortly")
+            yield session
+            return
+        async with self.manager.temporary() as session:
+            self.prepare_session(session)
+            yield session
+
+    async def _guarded(self, operation: Callable[[], Any]) -> Any:
+        """Run a route's work, turning failures into JSON errors with a code."""
+        try:
+            return await operation()
+        except pydantic.ValidationError as exc:
+            return JSONResponse({"detail": json.loads(exc.json())}, status_code=422)
+        except (SessionNotFoundError, SessionClosedError) as exc:
+            return _error(404, "SESSION_ERROR", exc.message)
+        except SessionCreationError as exc:
+            return _error(409, "SESSION_ERROR", exc.message)
+        except StepTimeoutError as exc:
+            return _error(504, "TIMEOUT", exc.message)
+        except EnvironmentFactoryError as exc:
+            return _error(500, "FACTORY_ERROR", exc.message)
+        except SessionCapacityError as exc:
+            return _error(503, "CAPACITY_REACHED", exc.message)
+        except Exception as exc:
+            logger.exception("environment call failed")
+            return _error(500, "EXECUTION_ERROR", str(exc) or type(exc).__name__)
+
+    async def _metadata_of_env(self) -> EnvironmentMetadata:
+        if self._metadata is None:
+            async with self._target(None) as session:
+                self._metadata = await self.manager.call(session, "get_metadata", lambda env: env.get_metadata())
+        return self._metadata
+
+    def schema(self) -> Dict[str, Any]:
+        if self._schema is None:
+            self._schema = SchemaResponse(
+                action=self.action_cls.model_json_schema(),
+                observation=self.observation_cls.model_json_schema(),
+                state=self.state_cls.model_json_schema(),
+                reset_observation=self.reset_observation_cls.model_json_schema(),
+            ).model_dump()
+        return self._schema
+
+    # --- routes ------------------------------------------------------------------------------
+
+    def register_routes(self, app: FastAPI, mode: Union[ServerMode, str] = ServerMode.SIMULATION) -> None:
+        """Add every route to ``app`` (HTTP reset/step/state only in simulation mode)."""
+        self.mode = _resolve_mode(mode)
+        self._install_shutdown(app)
+        if self.mode is ServerMode.SIMULATION:
+            self._register_simulation_routes(app)
+        self._register_info_routes(app)
+        self._register_mcp_routes(app)
+        self._register_task_routes(app)
+
+        @app.websocket("/ws")
+        async def websocket_endpoint(websocket: WebSocket) -> None:
+            await WSConnection(self, websocket).run()
+
+    def _install_shutdown(self, app: FastAPI) -> None:
+        previous = app.router.lifespan_context
+        manager = self.manager
+
+        @contextlib.asynccontextmanager
+        async def lifespan(application: Any) -> AsyncIterator[Any]:
+            async with previous(application) as state:
+                try:
+                    yield state
+                finally:
+                    await manager.shutdown()
+
+        app.router.lifespan_context = lifespan
+
+    def _register_simulation_routes(self, app: FastAPI) -> None:
+        server = self
+
+        @app.post(
+            "/reset",
+            response_model=ResetResponse,
+            tags=["Environment Control"],
+            summary="Reset an environment",
+            description=(
+                "Starts an episode on a fresh environment and returns its first observation. "
+                "Stateless unless the body names a `session_id` (from `openenv/session/create`); "
+                "use the `/ws` WebSocket for stateful episodes."
+            ),
+        )
+        async def reset(request: Optional[ResetRequest] = Body(default=None)) -> Any:
+            kwargs = request.model_dump(exclude_unset=True) if request is not None else {}
+            session_id = kwargs.pop("session_id", None)
+
+            async def run() -> Any:
+                async with server._target(session_id) as session:
+                    observation = await server.manager.reset(session, kwargs)
+                return _observation_response(ResetResponse, observation)
+
+            return await server._guarded(run)
+
+        @app.post(
+            "/step",
+            response_model=StepResponse,
+            tags=["Environment Control"],
+            summary="Apply an action",
+            description=(
+                "Applies an action to a fresh environment (stateless) or to the session named by "
+                "`session_id`. Action validation errors answer 422 with locations relative to the action."
+            ),
+        )
+        async def step(request: StepRequest) -> Any:
+            kwargs = request.model_dump(exclude_unset=True)
+            action_data = kwargs.pop("action")
+            session_id = kwargs.pop("session_id", None)
+
+            async def run() -> Any:
+                action = deserialize_action(action_data, server.action_cls)
+                async with server._target(session_id) as session:
+                    observation = await server.manager.step(session, action, kwargs)
+                return _observation_response(StepResponse, observation)
+
+            return await server._guarded(run)
+
+        @app.get(
+            "/state",
+            response_model=server.state_cls,
+            tags=["State Management"],
+            summary="Environment state",
+            description="The state of a fresh environment, or of the session named by `session_id`.",
+        )
+        async def state(session_id: Optional[str] = Query(default=None)) -> Any:
+            async def run() -> Any:
+                async with server._target(session_id) as session:
+                    value = await server.manager.state(session)
+                return JSONResponse(to_jsonable(value))
+
+            return await server._guarded(run)
+
+    def _register_info_routes(self, app: FastAPI) -> None:
+        server = self
+
+        @app.get("/health", response_model=HealthResponse, tags=["Health"], summary="Health check")
+        async def health() -> Dict[str, str]:
+            return {"status": "healthy"}
+
+        @app.get(
+            "/schema",
+            response_model=SchemaResponse,
+            tags=["Schema"],
+            summary="JSON schemas of action, observation and state",
+        )
+        async def schema() -> Any:
+            return JSONResponse(server.schema())
+
+        @app.get(
+            "/metadata", response_model=EnvironmentMetadata, tags=["Environment Info"], summary="Environment metadata"
+        )
+        async def metadata() -> Any:
+            async def run() -> Any:
+                return (await server._metadata_of_env()).model_dump()
+
+            return await server._guarded(run)
+
+    def _register_mcp_routes(self, app: FastAPI) -> None:
+        server = self
+
+        @app.post("/mcp", tags=["Environment Info"], summary="MCP / JSON-RPC endpoint")
+        async def mcp_post(request: Request) -> Any:
+            body = await request.body()
+            if len(body) > server.max_message_chars:
+                return _rpc(
+                    JsonRpcResponse.error_response(
+                        JsonRpcErrorCode.INVALID_REQUEST,
+                        f"Request body exceeds the server's limit of {server.max_message_chars} bytes",
+                    )
+                )
+            try:
+                raw = json.loads(body)
+            except ValueError:
+                return _rpc(JsonRpcResponse.error_response(JsonRpcErrorCode.PARSE_ERROR, "Parse error"))
+            if isinstance(raw, list):
+                return _rpc(
+                    JsonRpcResponse.error_response(
+                        JsonRpcErrorCode.INVALID_REQUEST, "Invalid request: batches are not supported"
+                    )
+                )
+            try:
+                rpc = JsonRpcRequest.model_validate(raw)
+            except pydantic.ValidationError as exc:
+                request_id = raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), (str, int)) else None
+                return _rpc(
+                    JsonRpcResponse.error_response(
+                        JsonRpcErrorCode.INVALID_REQUEST, f"Invalid request: {exc}", None, request_id
+                    )
+                )
+            header_session = request.headers.get("mcp-session-id")
+            mcp_dialect = "mcp-protocol-version" in request.headers or header_session is not None
+            session: Optional[Session] = None
+            headers: Dict[str, str] = {}
+            if header_session:
+                try:
+                    session = server.manager.get(header_session)
+                except SessionNotFoundError:
+                    return _rpc(
+                        JsonRpcResponse.error_response(
+                            JsonRpcErrorCode.INVALID_PARAMS, f"Unknown MCP session: {header_session}", None, rpc.id
+                        ),
+                        status=404,
+                    )
+            elif rpc.method == "initialize":
+                try:
+                    session = await server.mcp.create_session()
+                except (SessionCapacityError, EnvironmentFactoryError) as exc:
+                    return _rpc(
+                        JsonRpcResponse.error_response(JsonRpcErrorCode.SERVER_ERROR, exc.message, None, rpc.id)
+                    )
+                headers["mcp-session-id"] = session.id
+            response = await server.mcp.dispatch(rpc, session=session, mcp_dialect=mcp_dialect)
+            if response is None:
+                return Response(status_code=202)
+            return _rpc(response, headers=headers)
+
+        @app.get("/mcp", include_in_schema=False)
+        async def mcp_get() -> Response:
+            return Response(status_code=405, headers={"allow": "POST, DELETE"})
+
+        @app.delete("/mcp", include_in_schema=False)
+        async def mcp_delete(request: Request) -> Response:
+            session_id = request.headers.get("mcp-session-id")
+            if not session_id:
+                return Response(status_code=400)
+            try:
+                await server.manager.request_close(session_id)
+            except SessionNotFoundError:
+                return Response(status_code=404)
+            except SessionCreationError:
+                return Response(status_code=409)
+            return Response(status_code=204)
+
+        @app.websocket("/mcp")
+        async def mcp_websocket(websocket: WebSocket) -> None:
+            await server._serve_mcp_socket(websocket)
+
+    async def _serve_mcp_socket(self, websocket: WebSocket) -> None:
+        await websocket.accept()
+        try:
+            session = await self.manager.create(SessionKind.SOCKET)
+        except SessionCapacityError as exc:
+            await _send_rpc_and_close(
+                websocket,
+                JsonRpcResponse.error_response(
+                    JsonRpcErrorCode.SERVER_ERROR,
+                    exc.message,
+                    {"active_sessions": exc.active_sessions, "max_sessions": exc.max_sessions},
+                ),
+                1013,
+            )
+            return
+        except EnvironmentFactoryError as exc:
+            await _send_rpc_and_close(
+                websocket,
+                JsonRpcResponse.error_response(
+                    JsonRpcErrorCode.SERVER_ERROR, exc.message, {"factory_name": exc.factory_name}
+                ),
+                1011,
+            )
+            return
+        except Exception as exc:
+            await _send_rpc_and_close(
+                websocket, JsonRpcResponse.error_response(JsonRpcErrorCode.SERVER_ERROR, str(exc)), 1011
+            )
+            return
+        self.prepare_session(session)
+        try:
+            while True:
+                message = await websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                text = message.get("text")
+                response = await self._mcp_frame(text, session)
+                if response is not None:
+                    await websocket.send_text(dumps_json(response.model_dump()))
+        except Exception:
+            pass
+        finally:
+            await self.manager.detach(session)
+
+    async def _mcp_frame(self, text: Optional[str], session: Session) -> Optional[JsonRpcResponse]:
+        if text is None:
+            return JsonRpcResponse.error_response(
+                JsonRpcErrorCode.PARSE_ERROR, "Parse error: binary frames are not supported"
+            )
+        if len(text) > self.max_message_chars:
+            return JsonRpcResponse.error_response(
+                JsonRpcErrorCode.INVALID_REQUEST,
+                f"Message exceeds the server's limit of {self.max_message_chars} characters",
+            )
+        try:
+            raw = json.loads(text)
+        except ValueError as exc:
+            return JsonRpcResponse.error_response(JsonRpcErrorCode.PARSE_ERROR, f"Parse error: {exc}")
+        try:
+            rpc = JsonRpcRequest.model_validate(raw)
+        except pydantic.ValidationError as exc:
+            request_id = raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), (str, int)) else None
+            return JsonRpcResponse.error_response(
+                JsonRpcErrorCode.INVALID_REQUEST, f"Invalid request: {exc}", None, request_id
+            )
+        return await self.mcp.dispatch(rpc, session=session, socket_owned=True)
+
+    def _register_task_routes(self, app: FastAPI) -> None:
+        server = self
+
+        @app.get("/list_environments", tags=["Environment Info"], summary="Environments served here")
+        async def list_environments() -> Any:
+            return [server.env_name]
+
+        async def call_task_method(env_name: str, method: str, *args: Any) -> Any:
+            if env_name.lower() != server.env_name.lower():
+                return JSONResponse({"detail": f"unknown environment '{env_name}'"}, status_code=404)
+            unsupported = JSONResponse({"detail": f"{method} is not supported for this environment"}, status_code=501)
+
+            def invoke(env: Any) -> Any:
+                return getattr(env, method)(*args)
+
+            async def run() -> Any:
+                async with server._target(None) as session:
+                    fn = getattr(session.env, method, None)
+                    if fn is None:
+                        return unsupported
+                    try:
+                        if inspect.iscoroutinefunction(fn):
+                            return await server.manager.call(session, method, None, invoke)
+                        return await server.manager.call(session, method, invoke)
+                    except NotImplementedError:
+                        return unsupported
+                    except IndexError:
+                        return JSONResponse({"detail": "Invalid task index"}, status_code=400)
+
+            return await server._guarded(run)
+
+        @app.get("/{env_name}/splits", tags=["Tasks"], summary="Task splits")
+        async def splits(env_name: str) -> Any:
+            result = await call_task_method(env_name, "list_splits")
+            if isinstance(result, Response):
+                return result
+            return [_split_entry(s) for s in result]
+
+        @app.post("/{env_name}/tasks", tags=["Tasks"], summary="Tasks of a split")
+        async def tasks(env_name: str, request: ListTasksRequest) -> Any:
+            result = await call_task_method(env_name, "list_tasks", request.split)
+            if isinstance(result, Response):
+                return result
+            return {"tasks": to_jsonable(result), "env_name": server.env_name}
+
+        @app.post("/{env_name}/num_tasks", tags=["Tasks"], summary="Number of tasks in a split")
+        async def num_tasks(env_name: str, request: NumTasksRequest) -> Any:
+            result = await call_task_method(env_name, "num_tasks", request.split)
+            if isinstance(result, Response):
+                return result
+            return {"num_tasks": int(result)}
+
+        @app.post("/{env_name}/task", tags=["Tasks"], summary="One task")
+        async def task(env_name: str, request: GetTaskRequest) -> Any:
+            result = await call_task_method(env_name, "get_task", request.split, request.index)
+            if isinstance(result, Response):
+                return result
+            return {"task": to_jsonable(result)}
+
+        @app.post("/{env_name}/task_range", tags=["Tasks"], summary="A slice of a split's tasks")
+        async def task_range(env_name: str, request: GetTaskRangeRequest) -> Any:
+            result = await call_task_method(env_name, "get_task_range", request.split, request.start, request.stop)
+            if isinstance(result, Response):
+                return result
+            return {"tasks": to_jsonable(result)}
+
+
+def _split_entry(split: Any) -> Any:
+    if isinstance(split, str):
+        return {"name": split, "type": split if split in ("train", "validation", "test") else "validation"}
+    return to_jsonable(split)
+
+
+def _rpc(response: JsonRpcResponse, status: int = 200, headers: Optional[Dict[str, str]] = None) -> Response:
+    return Response(
+        dumps_json(response.model_dump()), status_code=status, media_type="application/json", headers=headers
+    )
+
+
+async def _send_rpc_and_close(websocket: WebSocket, response: JsonRpcResponse, code: int) -> None:
+    try:
+        await websocket.send_text(dumps_json(response.model_dump()))
+        await websocket.close(code)
+    except Exception:
+        pass
+
+
+def create_fastapi_app(
+    env: ENV_FACTORY,
+    action_cls: Type[Action],
+    observation_cls: Type[Observation],
+    max_concurrent_envs: Optional[int] = None,
+    concurrency_config: Optional[ConcurrencyConfig] = None,
+    env_name: Optional[str] = None,
+    state_cls: Type[State] = State,
+    *,
+    mode: Union[ServerMode, str, None] = None,
+    reset_observation_cls: Optional[Type[Observation]] = None,
+    step_timeout_s: Optional[float] = None,
+    max_message_size_mb: Optional[float] = None,
+    worker_threads: Optional[int] = None,
+) -> FastAPI:
+    """A FastAPI app serving ``env`` (see :class:`HTTPEnvServer`); ``mode`` defaults to ``$OPENENV_MODE``."""
+    app = FastAPI(
+        title="OpenEnv Environment HTTP API",
+        version="1.0.0",
+        description="HTTP and WebSocket API of an OpenEnv environment. Use the `/ws` WebSocket for episodes.",
+        license_info={"name": "BSD-3-Clause", "url": "https://opensource.org/licenses/BSD-3-Clause"},
+        openapi_tags=[
+            {"name": "Environment Control", "description": "Reset and step"},
+            {"name": "State Management", "description": "Episode state"},
+            {"name": "Environment Info", "description": "Metadata and MCP"},
+            {"name": "Schema", "description": "JSON schemas"},
+            {"name": "Health", "description": "Liveness"},
+        ],
+    )
+    server = HTTPEnvServer(
+        env,
+        action_cls,
+        observation_cls,
+        max_concurrent_envs=max_concurrent_envs,
+        concurrency_config=concurrency_config,
+        env_name=env_name,
+        state_cls=state_cls,
+        reset_observation_cls=reset_observation_cls,
+        step_timeout_s=step_timeout_s,
+        max_message_size_mb=max_message_size_mb,
+        worker_threads=worker_threads,
+    )
+    server.register_routes(app, _resolve_mode(mode))
+    app.state.openenv_server = server
+    return app
+
+
+def create_app(
+    env: ENV_FACTORY,
+    action_cls: Type[Action],
+    observation_cls: Type[Observation],
+    env_name: Optional[str] = None,
+    max_concurrent_envs: Optional[int] = None,
+    concurrency_config: Optional[ConcurrencyConfig] = None,
+    gradio_builder: Optional[Callable[..., Any]] = None,
+    custom_tab_name: str = "Custom",
+    custom_tab_primary: bool = False,
+    show_default_tab: bool = True,
+    title_override: Optional[str] = None,
+    state_cls: Type[State] = State,
+    *,
+    mode: Union[ServerMode, str, None] = None,
+    reset_observation_cls: Optional[Type[Observation]] = None,
+    step_timeout_s: Optional[float] = None,
+    max_message_size_mb: Optional[float] = None,
+    worker_threads: Optional[int] = None,
+) -> FastAPI:
+    """The app for an environment: what ``server/app.py`` of an environment package exports.
+
+    Same signature as OpenEnv 0.10's ``create_app`` plus ``step_timeout_s``,
+    ``max_message_size_mb`` and ``worker_threads``. ``ENABLE_WEB_INTERFACE`` asks for the web
+    playground, which this release does not ship: a warning says so and the API is served alone.
+    """
+    if os.environ.get("ENABLE_WEB_INTERFACE", "").lower() in ("1", "true", "yes"):
+        logger.warning("ENABLE_WEB_INTERFACE is set but the web interface is not available; serving the API only")
+    return create_fastapi_app(
+        env,
+        action_cls,
+        observation_cls,
+        max_concurrent_envs=max_concurrent_envs,
+        concurrency_config=concurrency_config,
+        env_name=env_name,
+        state_cls=state_cls,
+        mode=mode,
+        reset_observation_cls=reset_observation_cls,
+        step_timeout_s=step_timeout_s,
+        max_message_size_mb=max_message_size_mb,
+        worker_threads=worker_threads,
+    )

@@ -1,0 +1,187 @@
+"""The environment contract.
+
+An environment is a Python object with three operations over typed pydantic models:
+
+* ``reset(seed=None, episode_id=None, **kwargs) -> Observation`` starts a new episode and returns
+  its first observation. It must be called before ``step``. With the same ``seed`` an environment
+  should produce the same episode (``openenv validate`` checks this).
+* ``step(action, timeout_s=None, **kwargs) -> Observation`` applies one action. The observation
+  carries ``reward`` (for this step, ``None`` if the environment gives none) and ``done`` (the
+  episode is over: call ``reset`` before stepping again).
+* ``state`` (a property) returns the episode's :class:`State` (``episode_id``, ``step_count``, and
+  any extra fields).
+
+The server runs one instance per session. Instances of an environment whose
+``SUPPORTS_CONCURRENT_SESSIONS`` is true may live side by side in one process; the server then
+calls each instance from one task at a time, so an environment never needs its own locking.
+
+An environment written with ``async def reset_async`` / ``step_async`` runs on the server's event
+loop (it must not block). One that implements only the sync methods runs in the server's worker
+pool; one that must always run on the same thread sets ``REQUIRES_SINGLE_THREAD_EXECUTOR``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from abc import ABC, abstractmethod
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Generic,
+    List,
+    Optional,
+    Protocol,
+    Tuple,
+    TypeVar,
+    runtime_checkable,
+)
+
+from typing_extensions import TypedDict
+
+from .types import Action, EnvironmentMetadata, Observation, State
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..rubrics import Rubric
+
+ActT = TypeVar("ActT", bound=Action)
+ObsT = TypeVar("ObsT", bound=Observation)
+StateT = TypeVar("StateT", bound=State)
+
+
+class Message(TypedDict):
+    """One chat message in the Hugging Face chat format."""
+
+    role: str
+    content: str
+
+
+@runtime_checkable
+class ModelTokenizer(Protocol):
+    """What chat environments need of a tokenizer (any Hugging Face tokenizer qualifies)."""
+
+    def apply_chat_template(
+        self,
+        conversation: List[Message],
+        tokenize: bool = True,
+        return_tensors: Optional[str] = None,
+        **kwargs: Any,
+    ) -> Any: ...
+
+    def decode(self, token_ids: Any, skip_special_tokens: bool = False, **kwargs: Any) -> str: ...
+
+
+class Transform(ABC, Generic[ObsT]):
+    """A function from observation to observation, applied by an environment that opts in."""
+
+    @abstractmethod
+    def __call__(self, observation: ObsT) -> ObsT:
+        raise NotImplementedError
+
+
+@runtime_checkable
+class TaskProvider(Protocol):
+    """Optional task catalogue of an environment, served by the Task API routes.
+
+    Define any of these methods on the environment (sync or ``async``). They must work on a
+    freshly constructed instance and change nothing. ``get_task`` raises ``IndexError`` when the
+    index is out of range. Task selection itself goes through ``reset(split=..., index=...)``.
+    """
+
+    def list_splits(self) -> list: ...
+
+    def list_tasks(self, split: str) -> list: ...
+
+    def num_tasks(self, split: str) -> int: ...
+
+    def get_task(self, split: str, index: int) -> Any: ...
+
+    def get_task_range(self, split: str, start: Optional[int] = None, stop: Optional[int] = None) -> list: ...
+
+
+class Environment(ABC, Generic[ActT, ObsT, StateT]):
+    """Base class of every environment; see the module docstring for the contract."""
+
+    SUPPORTS_CONCURRENT_SESSIONS: bool = False
+    """True when several instances may run in one server process at once."""
+
+    REQUIRES_SINGLE_THREAD_EXECUTOR: bool = False
+    """True when every call must happen on one and the same thread (e.g. thread-bound C libraries)."""
+
+    def __init__(self, transform: Optional[Transform] = None, rubric: Optional[Rubric] = None) -> None:
+        self.transform = transform
+        self.rubric = rubric
+
+    @abstractmethod
+    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> ObsT:
+        """Start a new episode and return its first observation."""
+
+    @abstractmethod
+    def step(self, action: ActT, timeout_s: Optional[float] = None, **kwargs: Any) -> ObsT:
+        """Apply ``action`` and return the next observation (with its reward and ``done``)."""
+
+    async def reset_async(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> ObsT:
+        """Async ``reset``. Override it to run on the event loop instead of the worker pool."""
+        return self.reset(seed=seed, episode_id=episode_id, **kwargs)
+
+    async def step_async(self, action: ActT, timeout_s: Optional[float] = None, **kwargs: Any) -> ObsT:
+        """Async ``step``. Override it to run on the event loop instead of the worker pool."""
+        return self.step(action, timeout_s=timeout_s, **kwargs)
+
+    @property
+    @abstractmethod
+    def state(self) -> StateT:
+        """The current episode's state."""
+
+    def get_metadata(self) -> EnvironmentMetadata:
+        """Name, description and version shown by ``GET /metadata``."""
+        name = type(self).__name__
+        return EnvironmentMetadata(name=name, description=f"{name} environment", version="1.0.0")
+
+    def close(self) -> None:
+        """Release resources; called when the session ends. Must be safe to call twice."""
+
+    # --- helpers environments call themselves ---------------------------------------------
+
+    def _apply_transform(self, observation: ObsT) -> ObsT:
+        transform = getattr(self, "transform", None)
+        return transform(observation) if transform is not None else observation
+
+    def _apply_rubric(self, action: ActT, observation: ObsT) -> float:
+        rubric = getattr(self, "rubric", None)
+        if rubric is None:
+            return 0.0
+        return rubric(action, observation)
+
+    async def _apply_rubric_async(self, action: ActT, observation: ObsT) -> float:
+        rubric = getattr(self, "rubric", None)
+        if rubric is None:
+            return 0.0
+        score = rubric(action, observation)
+        if inspect.isawaitable(score):
+            score = await score
+        return score
+
+    def _reset_rubric(self) -> None:
+        rubric = getattr(self, "rubric", None)
+        if rubric is not None:
+            rubric.reset()
+
+    async def _reset_rubric_async(self) -> None:
+        rubric = getattr(self, "rubric", None)
+        if rubric is None:
+            return
+        reset_async = getattr(rubric, "reset_async", None)
+        if reset_async is not None:
+            await reset_async()
+        else:
+            rubric.reset()
+
+    # --- web interface hooks ----------------------------------------------------------------
+
+    def render_web(self, observation: dict) -> Optional[str]:
+        """HTML drawn for an observation in the web playground, or None."""
+        return None
+
+    def web_actions(self, observation: dict) -> List[Tuple[str, dict]]:
+        """One-click actions ``(label, action_dict)`` offered by the web playground."""
+        return []

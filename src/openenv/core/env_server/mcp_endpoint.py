@@ -1,0 +1,257 @@
+"""JSON-RPC dispatch for ``/mcp`` (HTTP and WebSocket) and ``{"type": "mcp"}`` frames on ``/ws``.
+
+Methods: ``tools/list`` and ``tools/call``; OpenEnv's ``openenv/session/create`` and
+``openenv/session/close``; and the MCP lifecycle (``initialize``, ``ping``, ``notifications/*``)
+so that standard MCP clients can use an environment's tools.
+
+Two dialects share one dispatcher. OpenEnv 0.10 clients get OpenEnv's answers (a failing tool is a
+JSON-RPC ``-32603`` error). Standard MCP clients — recognised by the ``MCP-Protocol-Version``
+header they send after ``initialize`` — get a failing tool as a result with ``isError: true``, as
+the MCP specification asks. A ``tools/call`` result carries both key styles: ``content``,
+``structuredContent``, ``isError`` (MCP) and ``structured_content``, ``is_error``, ``data``,
+``meta`` (OpenEnv 0.10).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any, Callable, Dict, Optional, Type
+
+from .exceptions import (
+    EnvironmentFactoryError,
+    SessionCapacityError,
+    SessionCreationError,
+    SessionNotFoundError,
+    StepTimeoutError,
+)
+from .mcp_types import (
+    CallToolAction,
+    JsonRpcErrorCode,
+    JsonRpcRequest,
+    JsonRpcResponse,
+    ListToolsAction,
+    ListToolsObservation,
+    ToolErrorType,
+)
+from .sessions import Session, SessionKind, SessionManager
+from .types import Action
+
+logger = logging.getLogger("openenv.server")
+
+LATEST_PROTOCOL_VERSION = "2025-11-25"
+_DATE_VERSION = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+
+class _RpcError(Exception):
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        self.code = code
+        self.message = message
+        self.data = data
+        super().__init__(message)
+
+
+def _tool_listing(tool: Any) -> Dict[str, Any]:
+    return tool.to_mcp_tool().model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class MCPDispatcher:
+    """Answers one JSON-RPC request against a :class:`SessionManager`'s sessions."""
+
+    def __init__(
+        self,
+        manager: SessionManager,
+        action_cls: Type[Action],
+        server_name: str,
+        server_version: str = "1.0.0",
+        on_session_created: Optional[Callable[[Session], None]] = None,
+    ) -> None:
+        self.manager = manager
+        self.action_cls = action_cls
+        self.server_name = server_name
+        self.server_version = server_version
+        self._on_session_created = on_session_created
+
+    async def create_session(self) -> Session:
+        """A detached session (``openenv/session/create`` and MCP ``initialize``)."""
+        session = await self.manager.create(SessionKind.DETACHED)
+        if self._on_session_created is not None:
+            self._on_session_created(session)
+        return session
+
+    async def dispatch(
+        self,
+        request: JsonRpcRequest,
+        *,
+        session: Optional[Session] = None,
+        socket_owned: bool = False,
+        mcp_dialect: bool = False,
+    ) -> Optional[JsonRpcResponse]:
+        """The response to ``request`` (None for notifications).
+
+        ``session`` is the session the request arrived on (a socket's, or an MCP HTTP session);
+        ``socket_owned`` says it belongs to the connection the request came through.
+        """
+        try:
+            result = await self._dispatch(request, session, socket_owned, mcp_dialect)
+        except _RpcError as err:
+            return JsonRpcResponse.error_response(err.code, err.message, err.data, request.id)
+        except StepTimeoutError as exc:
+            return JsonRpcResponse.error_response(
+                JsonRpcErrorCode.INTERNAL_ERROR, exc.message, {"code": "TIMEOUT"}, request.id
+            )
+        except Exception as exc:
+            logger.exception("MCP request %s failed", request.method)
+            return JsonRpcResponse.error_response(
+                JsonRpcErrorCode.INTERNAL_ERROR, str(exc) or type(exc).__name__, None, request.id
+            )
+        if result is _NO_RESPONSE:
+            return None
+        return JsonRpcResponse.success(result, request.id)
+
+    async def _dispatch(
+        self, request: JsonRpcRequest, session: Optional[Session], socket_owned: bool, mcp_dialect: bool
+    ) -> Any:
+        method, params = request.method, request.params
+        if method == "tools/call":
+            return await self._on_target(session, params, lambda s: self._call_tool(s, params, mcp_dialect))
+        if method == "tools/list":
+            return await self._on_target(session, params, self._list_tools)
+        if method == "openenv/session/create":
+            if session is not None and socket_owned:
+                return {"session_id": session.id}
+            try:
+                created = await self.create_session()
+            except SessionCapacityError as exc:
+                raise _RpcError(
+                    JsonRpcErrorCode.SERVER_ERROR,
+                    exc.message,
+                    {"active_sessions": exc.active_sessions, "max_sessions": exc.max_sessions},
+                ) from None
+            except EnvironmentFactoryError as exc:
+                raise _RpcError(
+                    JsonRpcErrorCode.SERVER_ERROR, exc.message, {"factory_name": exc.factory_name}
+                ) from None
+            return {"session_id": created.id}
+        if method == "openenv/session/close":
+            session_id = params.get("session_id")
+            if not session_id:
+                raise _RpcError(JsonRpcErrorCode.INVALID_PARAMS, "Invalid params - 'session_id' is required")
+            if socket_owned and session is not None and session_id == session.id:
+                raise _RpcError(
+                    JsonRpcErrorCode.INVALID_REQUEST,
+                    "Cannot close the session of this connection; close the connection instead",
+                )
+            try:
+                return await self.manager.request_close(str(session_id))
+            except SessionCreationError as exc:
+                raise _RpcError(JsonRpcErrorCode.INVALID_REQUEST, exc.message) from None
+            except SessionNotFoundError:
+                raise _RpcError(JsonRpcErrorCode.INVALID_PARAMS, f"Unknown session_id: {session_id}") from None
+        if method == "initialize":
+            requested = params.get("protocolVersion")
+            version = (
+                requested if isinstance(requested, str) and _DATE_VERSION.match(requested) else LATEST_PROTOCOL_VERSION
+            )
+            return {
+                "protocolVersion": version,
+                "capabilities": {"tools": {"listChanged": False}},
+                "serverInfo": {"name": self.server_name, "version": self.server_version},
+            }
+        if method == "ping":
+            return {}
+        if method.startswith("notifications/"):
+            return _NO_RESPONSE
+        raise _RpcError(JsonRpcErrorCode.METHOD_NOT_FOUND, f"Method not found: {method}")
+
+    async def _on_target(
+        self, session: Optional[Session], params: Dict[str, Any], operation: Callable[[Session], Any]
+    ) -> Any:
+        """Run ``operation`` on the request's session, the one named in params, or a throw-away one."""
+        if session is None and params.get("session_id"):
+            session_id = str(params["session_id"])
+            try:
+                session = self.manager.get(session_id)
+            except SessionNotFoundError:
+                raise _RpcError(JsonRpcErrorCode.INVALID_PARAMS, f"Unknown session_id: {session_id}") from None
+            if session.env is None and session.state.value == "creating":
+                raise _RpcError(
+                    JsonRpcErrorCode.INVALID_REQUEST, f"Session {session_id} is still initializing; retry shortly"
+                )
+        if session is not None:
+            return await operation(session)
+        async with self.manager.temporary() as temporary:
+            if self._on_session_created is not None:
+                self._on_session_created(temporary)
+            return await operation(temporary)
+
+    def _uses_mcp_actions(self) -> bool:
+        return self.action_cls in (CallToolAction, ListToolsAction)
+
+    async def _list_tools(self, session: Session) -> Dict[str, Any]:
+        assert session.traits is not None
+        if session.traits.mcp:
+            tools = await self.manager.call(session, "tools/list", None, lambda env: env.fastmcp_tools())
+            session.touch()
+            return {"tools": [_tool_listing(t) for t in tools]}
+        if not self._uses_mcp_actions():
+            raise _RpcError(JsonRpcErrorCode.INTERNAL_ERROR, "Environment does not support MCP")
+        observation = await self.manager.step(session, ListToolsAction())
+        if not isinstance(observation, ListToolsObservation):
+            raise _RpcError(
+                JsonRpcErrorCode.INTERNAL_ERROR, "Environment answered tools/list without a ListToolsObservation"
+            )
+        tools = []
+        for tool in observation.tools:
+            entry = tool.model_dump()
+            entry["inputSchema"] = entry["input_schema"]
+            tools.append(entry)
+        return {"tools": tools}
+
+    async def _call_tool(self, session: Session, params: Dict[str, Any], mcp_dialect: bool) -> Dict[str, Any]:
+        name = params.get("name")
+        if not name:
+            raise _RpcError(JsonRpcErrorCode.INVALID_PARAMS, "Missing 'name' in params")
+        arguments = params.get("arguments") or {}
+        if not isinstance(arguments, dict):
+            raise _RpcError(JsonRpcErrorCode.INVALID_PARAMS, "'arguments' must be an object")
+        assert session.traits is not None
+        if not session.traits.mcp:
+            if not self._uses_mcp_actions():
+                raise _RpcError(JsonRpcErrorCode.INTERNAL_ERROR, "Environment does not support MCP")
+            observation = await self.manager.step(session, CallToolAction(tool_name=name, arguments=arguments))
+            return observation.model_dump(mode="json")
+
+        from .mcp_environment import ToolCallFailed, tool_result_payload
+
+        try:
+            result = await self.manager.call(
+                session, "tools/call", None, lambda env: env.call_tool_async(name, arguments)
+            )
+        except ToolCallFailed as failure:
+            session.touch(step=True)
+            error = failure.error
+            if mcp_dialect and error.error_type is not ToolErrorType.TOOL_NOT_FOUND:
+                text = [{"type": "text", "text": error.message}]
+                return {
+                    "content": text,
+                    "isError": True,
+                    "is_error": True,
+                    "structured_content": None,
+                    "data": None,
+                    "meta": None,
+                }
+            code = JsonRpcErrorCode.INVALID_PARAMS if mcp_dialect else JsonRpcErrorCode.INTERNAL_ERROR
+            raise _RpcError(code, error.message, {"error_type": error.error_type.value}) from None
+        session.touch(step=True)
+        payload = tool_result_payload(result)
+        payload["structuredContent"] = payload["structured_content"]
+        payload["isError"] = payload["is_error"]
+        return payload
+
+
+class _NoResponse:
+    pass
+
+
+_NO_RESPONSE = _NoResponse()

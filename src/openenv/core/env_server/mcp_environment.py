@@ -1,0 +1,302 @@
+"""Environments whose actions are MCP tool calls.
+
+Subclass :class:`MCPEnvironment`, declare tools on a FastMCP server (``@mcp.tool``) and pass the
+server to ``super().__init__(mcp)``. ``ListToolsAction`` and ``CallToolAction`` sent to ``step``
+are answered from those tools; any other action goes to ``_step_impl``. Tool calls go straight to
+the FastMCP server (no in-memory MCP client round trip) and are bounded by a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+from abc import abstractmethod
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional
+
+import pydantic
+from fastmcp import FastMCP
+from fastmcp import exceptions as fastmcp_errors
+from fastmcp.tools import Tool as FastMCPTool
+
+from ..utils import run_async_safely
+from .interfaces import Environment, Transform
+from .mcp_direct import DirectTool, DirectTools, ToolBodyError
+from .mcp_types import (
+    RESERVED_TOOL_NAMES,
+    CallToolAction,
+    CallToolObservation,
+    ListToolsAction,
+    ListToolsObservation,
+    Tool,
+    ToolError,
+    ToolErrorType,
+)
+from .types import Action, Observation
+from .workers import WorkerPool
+
+MCP_TOOL_CALL_TIMEOUT = 30.0
+"""Seconds a tool call may run when the caller gives no ``timeout_s``."""
+
+_POOL: Optional[WorkerPool] = None
+
+
+def _default_pool() -> WorkerPool:
+    """Worker pool for sync tools of environments used outside a server."""
+    global _POOL
+    if _POOL is None:
+        _POOL = WorkerPool(8, name="openenv-tools")
+    return _POOL
+
+
+_MODES = (None, "production", "simulation")
+
+
+class ToolCallFailed(Exception):
+    """A tool call failed; ``error`` says how (see :class:`ToolErrorType`)."""
+
+    def __init__(self, error: ToolError) -> None:
+        self.error = error
+        super().__init__(error.message)
+
+
+def tool_result_payload(result: Any) -> Dict[str, Any]:
+    """A FastMCP ``ToolResult`` as OpenEnv 0.10 sends it: ``content``, ``structured_content``,
+    ``meta``, ``data`` (the tool's return value when it is known) and ``is_error``."""
+    content = [item.model_dump(mode="json", by_alias=True, exclude_none=True) for item in result.content or ()]
+    structured = getattr(result, "structured_content", None)
+    meta = getattr(result, "meta", None)
+    data: Any = None
+    if isinstance(structured, dict):
+        wrapped = isinstance(meta, dict) and (meta.get("fastmcp") or {}).get("wrap_result")
+        data = structured.get("result") if wrapped else structured
+    elif structured is not None:
+        data = structured
+    return {
+        "content": content,
+        "structured_content": structured,
+        "meta": meta,
+        "data": data,
+        "is_error": bool(getattr(result, "is_error", False)),
+    }
+
+
+def _classify(exc: BaseException, name: str) -> ToolError:
+    if isinstance(exc, fastmcp_errors.NotFoundError):
+        return ToolError(error_type=ToolErrorType.TOOL_NOT_FOUND, message=f"Unknown tool: '{name}'")
+    if isinstance(exc, (fastmcp_errors.ValidationError, pydantic.ValidationError)):
+        return ToolError(error_type=ToolErrorType.INVALID_ARGS, message=f"Invalid arguments for tool '{name}': {exc}")
+    return ToolError(error_type=ToolErrorType.EXECUTION_ERROR, message=str(exc) or type(exc).__name__)
+
+
+def _registered_tool_names(server: FastMCP) -> Optional[List[str]]:
+    """Tool names registered on the server, read without an event loop (None if unknown)."""
+    provider = getattr(server, "local_provider", None) or getattr(server, "_local_provider", None)
+    components = getattr(provider, "_components", None)
+    if not isinstance(components, dict):
+        return None
+    return [
+        key[len("tool:") :].split("@", 1)[0] for key in components if isinstance(key, str) and key.startswith("tool:")
+    ]
+
+
+def _check_names(names: List[str]) -> None:
+    reserved = sorted(set(names) & RESERVED_TOOL_NAMES)
+    if reserved:
+        raise ValueError(
+            f"MCP tools may not be named {', '.join(reserved)}: the names {sorted(RESERVED_TOOL_NAMES)} "
+            "are reserved for the environment's own operations"
+        )
+
+
+class MCPEnvironment(Environment):
+    """An environment that exposes FastMCP tools as its actions.
+
+    ``self.mcp_server`` is the FastMCP server. Tools declared with ``@self.tool(mode=...)`` are
+    offered only when the server runs in that mode (``"production"`` or ``"simulation"``); the
+    server sets ``self._mode`` on every instance it builds.
+
+    A tool call's observation is a :class:`CallToolObservation`; when the environment has a
+    ``rubric`` its score becomes the observation's reward, and its ``transform`` is applied
+    (see :meth:`_after_mcp_action`).
+    """
+
+    def __init__(self, mcp_server: FastMCP, transform: Optional[Transform] = None) -> None:
+        super().__init__(transform=transform)
+        names = _registered_tool_names(mcp_server)
+        if names is not None:
+            _check_names(names)
+        self.mcp_server = mcp_server
+        self._mode_tools: Dict[str, Dict[str, FastMCPTool]] = {"production": {}, "simulation": {}}
+        self._direct_mode_tools: Dict[str, DirectTool] = {}
+        self._direct = DirectTools(mcp_server)
+        self._mcp_client: Any = None
+
+    # --- declaring tools ---------------------------------------------------------------------
+
+    def tool(
+        self,
+        fn: Optional[Callable[..., Any]] = None,
+        *,
+        mode: Optional[str] = None,
+        name: Optional[str] = None,
+        description: Optional[str] = None,
+    ) -> Any:
+        """Decorator declaring a tool; with ``mode`` it is offered only in that server mode."""
+        if mode not in _MODES:
+            raise ValueError(f"mode must be one of None, 'production', 'simulation'; got {mode!r}")
+
+        def register(func: Callable[..., Any]) -> Callable[..., Any]:
+            tool_name = name or func.__name__
+            _check_names([tool_name])
+            if mode is None:
+                self.mcp_server.tool(func, name=tool_name, description=description)
+            else:
+                tool = FastMCPTool.from_function(func, name=tool_name, description=description)
+                self._mode_tools[mode][tool_name] = tool
+                if DirectTool.supports(tool):
+                    self._direct_mode_tools[tool_name] = DirectTool(tool)
+            return func
+
+        return register(fn) if fn is not None else register
+
+    @property
+    def mcp_client(self) -> Any:
+        """A ``fastmcp.Client`` on this environment's server (made on first use)."""
+        if self._mcp_client is None:
+            from fastmcp import Client
+
+            self._mcp_client = Client(self.mcp_server)
+        return self._mcp_client
+
+    @contextlib.asynccontextmanager
+    async def mcp_session(self) -> AsyncIterator[Any]:
+        """The in-memory MCP client, connected; for code that wants the full MCP client API."""
+        if self.mcp_server is None:
+            raise RuntimeError("MCPEnvironment is closed")
+        async with self.mcp_client as client:
+            yield client
+
+    # --- listing and calling ------------------------------------------------------------------
+
+    def _visible_mode_tools(self) -> Dict[str, FastMCPTool]:
+        mode = getattr(self, "_mode", None)
+        mode = getattr(mode, "value", mode)
+        return self._mode_tools.get(mode, {}) if isinstance(mode, str) else {}
+
+    async def fastmcp_tools(self) -> List[FastMCPTool]:
+        """Every tool offered right now, as FastMCP tool objects."""
+        mode_tools = self._visible_mode_tools()
+        tools = [t for t in await self.mcp_server.list_tools() if t.name not in mode_tools]
+        _check_names([t.name for t in tools])
+        return tools + list(mode_tools.values())
+
+    async def list_tools_async(self) -> List[Tool]:
+        return [
+            Tool(name=t.name, description=t.description or "", input_schema=t.parameters or {})
+            for t in await self.fastmcp_tools()
+        ]
+
+    async def call_tool_async(
+        self, name: str, arguments: Optional[Dict[str, Any]] = None, timeout_s: Optional[float] = None
+    ) -> Any:
+        """Call a tool and return FastMCP's ``ToolResult``; failures raise :class:`ToolCallFailed`."""
+        arguments = arguments or {}
+        timeout = timeout_s or MCP_TOOL_CALL_TIMEOUT
+        try:
+            async with _deadline(timeout):
+                return await self._call_tool(name, arguments)
+        except asyncio.TimeoutError:
+            message = f"Tool '{name}' timed out after {timeout:g} seconds"
+            raise ToolCallFailed(ToolError(error_type=ToolErrorType.TIMEOUT, message=message)) from None
+        except ToolBodyError as exc:
+            message = f"Error calling tool '{name}': {exc}"
+            raise ToolCallFailed(ToolError(error_type=ToolErrorType.EXECUTION_ERROR, message=message)) from exc
+        except Exception as exc:
+            raise ToolCallFailed(_classify(exc, name)) from exc
+
+    async def _call_tool(self, name: str, arguments: Dict[str, Any]) -> Any:
+        mode_tool = self._visible_mode_tools().get(name)
+        if mode_tool is not None:
+            direct = self._direct_mode_tools.get(name)
+            if direct is not None:
+                return await direct.call(arguments, self._run_sync)
+            return await mode_tool.run(arguments)
+        direct = await self._direct.get(name)
+        if direct is not None:
+            return await direct.call(arguments, self._run_sync)
+        return await self.mcp_server.call_tool(name, arguments)
+
+    async def _run_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a sync tool off the event loop: in the server's worker pool when served."""
+        pool = getattr(self, "_worker_pool", None) or _default_pool()
+        return await pool.run(fn, *args)
+
+    async def _handle_list_tools_async(self) -> ListToolsObservation:
+        try:
+            tools = await self.list_tools_async()
+        except Exception as exc:
+            return ListToolsObservation(tools=[], metadata={"error": str(exc), "error_type": "list_tools_failed"})
+        return ListToolsObservation(tools=tools)
+
+    async def _handle_call_tool_async(
+        self, action: CallToolAction, timeout_s: Optional[float] = None
+    ) -> CallToolObservation:
+        try:
+            result = await self.call_tool_async(action.tool_name, action.arguments, timeout_s)
+        except ToolCallFailed as failure:
+            return CallToolObservation(tool_name=action.tool_name, error=failure.error)
+        return CallToolObservation(tool_name=action.tool_name, result=tool_result_payload(result))
+
+    async def _after_mcp_action(self, action: Action, observation: Observation) -> Observation:
+        """Runs after every ``ListToolsAction`` / ``CallToolAction``: the rubric's score becomes
+        the reward and the transform is applied. Override it for bookkeeping (and call super)."""
+        if getattr(self, "rubric", None) is not None:
+            observation.reward = await self._apply_rubric_async(action, observation)
+        return self._apply_transform(observation)
+
+    # --- the Environment contract -------------------------------------------------------------
+
+    def step(self, action: Action, timeout_s: Optional[float] = None, **kwargs: Any) -> Observation:
+        if isinstance(action, (ListToolsAction, CallToolAction)) or inspect.iscoroutinefunction(self._step_impl):
+            return run_async_safely(self.step_async(action, timeout_s=timeout_s, **kwargs))
+        return self._step_impl(action, timeout_s=timeout_s, **kwargs)
+
+    async def step_async(self, action: Action, timeout_s: Optional[float] = None, **kwargs: Any) -> Observation:
+        if isinstance(action, ListToolsAction):
+            return await self._after_mcp_action(action, await self._handle_list_tools_async())
+        if isinstance(action, CallToolAction):
+            return await self._after_mcp_action(action, await self._handle_call_tool_async(action, timeout_s))
+        impl = self._step_impl
+        if inspect.iscoroutinefunction(impl):
+            return await impl(action, timeout_s=timeout_s, **kwargs)
+        return await asyncio.to_thread(impl, action, timeout_s=timeout_s, **kwargs)
+
+    @abstractmethod
+    def _step_impl(self, action: Action, timeout_s: Optional[float] = None, **kwargs: Any) -> Observation:
+        """Handle an action that is not an MCP action."""
+
+    def close(self) -> None:
+        self._mcp_client = None
+        self.mcp_server = None  # type: ignore[assignment]
+
+
+def get_server_tools(server: FastMCP) -> List[FastMCPTool]:
+    """The tools of a FastMCP server, from sync code."""
+    return list(run_async_safely(server.list_tools()))
+
+
+if hasattr(asyncio, "timeout"):
+    _deadline = asyncio.timeout
+else:  # pragma: no cover - Python 3.10
+
+    @contextlib.asynccontextmanager
+    async def _deadline(timeout: float) -> AsyncIterator[None]:
+        task = asyncio.current_task()
+        handle = asyncio.get_running_loop().call_later(timeout, task.cancel)  # type: ignore[union-attr]
+        try:
+            yield
+        except asyncio.CancelledError:
+            raise asyncio.TimeoutError from None
+        finally:
+            handle.cancel()

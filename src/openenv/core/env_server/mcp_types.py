@@ -1,0 +1,162 @@
+"""MCP actions and observations, and the JSON-RPC 2.0 models spoken on ``/mcp``."""
+
+from __future__ import annotations
+
+from enum import Enum, IntEnum
+from typing import Any, Dict, List, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .types import Action, BaseMessage, Observation
+
+RESERVED_TOOL_NAMES = frozenset({"reset", "step", "state", "close"})
+"""Tool names an MCP environment may not use: they are the orchestration verbs."""
+
+
+class JsonRpcErrorCode(IntEnum):
+    PARSE_ERROR = -32700
+    INVALID_REQUEST = -32600
+    METHOD_NOT_FOUND = -32601
+    INVALID_PARAMS = -32602
+    INTERNAL_ERROR = -32603
+    SERVER_ERROR = -32000
+
+
+_DEFAULT_ERROR_MESSAGES = {
+    JsonRpcErrorCode.PARSE_ERROR: "Parse error",
+    JsonRpcErrorCode.INVALID_REQUEST: "Invalid Request",
+    JsonRpcErrorCode.METHOD_NOT_FOUND: "Method not found",
+    JsonRpcErrorCode.INVALID_PARAMS: "Invalid params",
+    JsonRpcErrorCode.INTERNAL_ERROR: "Internal error",
+    JsonRpcErrorCode.SERVER_ERROR: "Server error",
+}
+
+
+class McpMethod(str, Enum):
+    TOOLS_LIST = "tools/list"
+    TOOLS_CALL = "tools/call"
+
+
+class JsonRpcError(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    code: int
+    message: str
+    data: Any = None
+
+    @classmethod
+    def from_code(cls, code: int, message: Optional[str] = None, data: Any = None) -> JsonRpcError:
+        if message is None:
+            try:
+                message = _DEFAULT_ERROR_MESSAGES[JsonRpcErrorCode(code)]
+            except ValueError:
+                message = "Error"
+        return cls(code=int(code), message=message, data=data)
+
+
+class JsonRpcRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    jsonrpc: Literal["2.0"]
+    method: str
+    params: Dict[str, Any] = Field(default_factory=dict)
+    id: Union[str, int, None] = None
+
+
+class JsonRpcResponse(BaseModel):
+    """A JSON-RPC response; its dump holds ``jsonrpc``, ``id`` and exactly one of ``error``/``result``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    jsonrpc: Literal["2.0"] = "2.0"
+    result: Any = None
+    error: Optional[JsonRpcError] = None
+    id: Union[str, int, None] = None
+
+    def model_dump(self, **kwargs: Any) -> Dict[str, Any]:  # type: ignore[override]
+        out: Dict[str, Any] = {"jsonrpc": "2.0", "id": self.id}
+        if self.error is not None:
+            out["error"] = self.error.model_dump(**kwargs)
+        else:
+            out["result"] = self.result
+        return out
+
+    def model_dump_json(self, **kwargs: Any) -> str:  # type: ignore[override]
+        from .serialization import dumps_json
+
+        return dumps_json(self.model_dump())
+
+    @classmethod
+    def success(cls, result: Any, request_id: Union[str, int, None] = None) -> JsonRpcResponse:
+        return cls(result=result, id=request_id)
+
+    @classmethod
+    def error_response(
+        cls,
+        code: int,
+        message: Optional[str] = None,
+        data: Any = None,
+        request_id: Union[str, int, None] = None,
+    ) -> JsonRpcResponse:
+        return cls(error=JsonRpcError.from_code(code, message, data), id=request_id)
+
+
+class Tool(BaseModel):
+    """A tool as an OpenEnv observation lists it (note: snake_case ``input_schema``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str
+    input_schema: Dict[str, Any]
+
+
+class ToolErrorType(str, Enum):
+    EXECUTION_ERROR = "execution_error"
+    INVALID_ARGS = "invalid_args"
+    TRANSPORT_ERROR = "transport_error"
+    TOOL_NOT_FOUND = "tool_not_found"
+    TIMEOUT = "timeout"
+
+
+class ToolError(BaseModel):
+    """Why a tool call failed in the framework (the tool's own results live in ``result``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    error_type: ToolErrorType
+    message: str
+
+
+class ListToolsAction(Action):
+    type: Literal["list_tools"] = "list_tools"
+
+
+class CallToolAction(Action):
+    type: Literal["call_tool"] = "call_tool"
+    tool_name: str
+    arguments: Dict[str, Any] = Field(default_factory=dict)
+
+
+class ListToolsObservation(Observation):
+    tools: List[Tool]
+
+
+class CallToolObservation(Observation):
+    tool_name: str
+    result: Any = None
+    error: Optional[ToolError] = None
+
+
+class WSMCPMessage(BaseMessage):
+    """``{"type": "mcp", "data": <JSON-RPC request>}`` sent on ``/ws``."""
+
+    type: Literal["mcp"] = "mcp"
+    data: Dict[str, Any]
+
+
+class WSMCPResponse(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["mcp"] = "mcp"
+    data: Dict[str, Any]

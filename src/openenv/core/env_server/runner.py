@@ -1,0 +1,134 @@
+"""Running an environment app with uvicorn: in the foreground, or on a background thread.
+
+``uvicorn`` enforces its own WebSocket frame limit before the app sees a frame (16 MiB by
+default), closing the connection with code 1009 beyond it. The runners here raise that hard limit
+to :data:`HARD_FRAME_LIMIT_MB`, so that frames between the app's own limit (``max_message_size_mb``,
+answered with a ``MESSAGE_TOO_LARGE`` error frame on a connection that stays open) and the hard
+limit are reported cleanly too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+import time
+from typing import Any, Optional
+
+HARD_FRAME_LIMIT_MB = 256
+
+
+def uvicorn_config(
+    app: Any,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    uds: Optional[str] = None,
+    log_level: str = "warning",
+    **overrides: Any,
+) -> Any:
+    """A ``uvicorn.Config`` with OpenEnv's defaults (one worker, uvloop when installed)."""
+    import uvicorn
+
+    options: dict = dict(
+        host=host,
+        port=port,
+        uds=uds,
+        log_level=log_level,
+        ws_max_size=HARD_FRAME_LIMIT_MB * 1024 * 1024,
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+    )
+    options.update(overrides)
+    return uvicorn.Config(app, **options)
+
+
+def run_server(
+    app: Any,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    uds: Optional[str] = None,
+    log_level: str = "info",
+    **overrides: Any,
+) -> None:
+    """Serve ``app`` until interrupted (on a TCP port, or on a Unix socket when ``uds`` is set)."""
+    import uvicorn
+
+    uvicorn.Server(uvicorn_config(app, host=host, port=port, uds=uds, log_level=log_level, **overrides)).run()
+
+
+class BackgroundServer:
+    """Serves an app on a daemon thread; a context manager whose ``base_url`` is ready on entry.
+
+    ``port=0`` picks a free port. With ``uds`` the server listens on that Unix socket and
+    ``base_url`` is ``unix://<path>``.
+    """
+
+    def __init__(
+        self,
+        app: Any,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        uds: Optional[str] = None,
+        log_level: str = "warning",
+        **overrides: Any,
+    ) -> None:
+        import uvicorn
+
+        self._uds = uds
+        self._socket: Optional[socket.socket] = None
+        if uds is None:
+            self._socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._socket.bind((host, port))
+            self.host, self.port = host, self._socket.getsockname()[1]
+        else:
+            self.host, self.port = host, 0
+        self.server = uvicorn.Server(
+            uvicorn_config(app, host=host, port=self.port, uds=uds, log_level=log_level, **overrides)
+        )
+        self._thread: Optional[threading.Thread] = None
+
+    @property
+    def base_url(self) -> str:
+        if self._uds is not None:
+            return f"unix://{self._uds}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def start(self, timeout_s: float = 10.0) -> BackgroundServer:
+        sockets = [self._socket] if self._socket is not None else None
+
+        def serve() -> None:
+            asyncio.run(self.server.serve(sockets=sockets))
+
+        self._thread = threading.Thread(target=serve, name="openenv-background-server", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError("the server thread exited during start-up (see the log above)")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"server did not start within {timeout_s:g} s")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self.server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+        if self._uds is not None:
+            try:
+                os.unlink(self._uds)
+            except FileNotFoundError:
+                pass
+
+    def __enter__(self) -> BackgroundServer:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

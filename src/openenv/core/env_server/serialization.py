@@ -1,0 +1,128 @@
+"""Turning actions and observations into wire payloads and back.
+
+The observation payload is ``{"observation": {...}, "reward": r, "done": d}`` where the nested
+observation keeps its ``metadata`` and a non-empty ``metadata`` is also copied to the top level
+(OpenEnv 0.10). JSON is produced by pydantic-core, once per message.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, Type
+
+import pydantic_core
+
+from .mcp_types import CallToolAction, ListToolsAction
+from .types import Action, Observation
+
+_REWARD_DONE = {"reward", "done"}
+_MCP_ACTION_CLASSES = {"list_tools": ListToolsAction, "call_tool": CallToolAction}
+_MCP_INTERCEPTING = (Action, ListToolsAction, CallToolAction)
+
+
+def _json_fallback(value: Any) -> Any:
+    to_list = getattr(value, "tolist", None)  # numpy arrays and scalars, torch tensors
+    if callable(to_list):
+        return to_list()
+    if isinstance(value, (set, frozenset)):
+        return list(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def to_json_bytes(value: Any) -> bytes:
+    """Compact JSON of any value: pydantic models, dataclasses, numpy arrays included."""
+    return pydantic_core.to_json(value, fallback=_json_fallback)
+
+
+def dumps_json(value: Any) -> str:
+    return to_json_bytes(value).decode()
+
+
+def to_jsonable(value: Any) -> Any:
+    """The JSON data model of ``value`` (dicts, lists, strings, numbers, bools, None)."""
+    return pydantic_core.to_jsonable_python(value, fallback=_json_fallback)
+
+
+def serialize_observation(observation: Observation) -> Dict[str, Any]:
+    """The observation payload as a dict (see the module docstring)."""
+    payload: Dict[str, Any] = {
+        "observation": observation.model_dump(exclude=_REWARD_DONE),
+        "reward": observation.reward,
+        "done": observation.done,
+    }
+    if observation.metadata:
+        payload["metadata"] = observation.metadata
+    return payload
+
+
+def _reward_json(reward: Any) -> str:
+    if reward is None:
+        return "null"
+    if isinstance(reward, bool):
+        return "true" if reward else "false"
+    if isinstance(reward, int):
+        return int.__repr__(reward)
+    text = float.__repr__(float(reward))
+    return "null" if text in ("nan", "inf", "-inf") else text
+
+
+def observation_payload_json(observation: Observation) -> str:
+    """JSON of :func:`serialize_observation`'s payload, built without an intermediate dict."""
+    body = observation.__pydantic_serializer__.to_json(
+        observation, exclude=_REWARD_DONE, fallback=_json_fallback
+    ).decode()
+    reward_json = _reward_json(observation.reward)
+    done = "true" if observation.done else "false"
+    if observation.metadata:
+        meta = dumps_json(observation.metadata)
+        return f'{{"observation":{body},"reward":{reward_json},"done":{done},"metadata":{meta}}}'
+    return f'{{"observation":{body},"reward":{reward_json},"done":{done}}}'
+
+
+def deserialize_action(data: Dict[str, Any], action_cls: Type[Action]) -> Action:
+    """Validate ``data`` into ``action_cls``.
+
+    MCP payloads (``{"type": "list_tools"}`` or ``{"type": "call_tool", ...}``) become
+    :class:`ListToolsAction` / :class:`CallToolAction` when the server's action class is
+    ``Action`` or one of those two. Raises ``pydantic.ValidationError``.
+    """
+    if action_cls in _MCP_INTERCEPTING:
+        mcp_cls = _MCP_ACTION_CLASSES.get(data.get("type"))  # type: ignore[arg-type]
+        if mcp_cls is not None:
+            return mcp_cls.model_validate(data)
+    return action_cls.model_validate(data)
+
+
+def deserialize_action_with_preprocessing(data: Dict[str, Any], action_cls: Type[Action]) -> Action:
+    """Like :func:`deserialize_action`, after coercing form input from the web interface.
+
+    A ``call_tool`` ``arguments`` string is parsed as JSON; ``tokens`` given as a list or JSON
+    string becomes a torch tensor when torch is installed; a numeric ``action_id`` string becomes
+    an int.
+    """
+    data = dict(data)
+    if data.get("type") == "call_tool" and isinstance(data.get("arguments"), str):
+        try:
+            data["arguments"] = json.loads(data["arguments"])
+        except json.JSONDecodeError:
+            pass
+    elif data.get("type") not in _MCP_ACTION_CLASSES:
+        if "tokens" in data:
+            tokens = data["tokens"]
+            if isinstance(tokens, str):
+                try:
+                    tokens = json.loads(tokens)
+                except json.JSONDecodeError:
+                    tokens = []
+            try:
+                import torch
+
+                data["tokens"] = torch.tensor(tokens, dtype=torch.long)
+            except ImportError:
+                data["tokens"] = tokens
+        if isinstance(data.get("action_id"), str):
+            try:
+                data["action_id"] = int(data["action_id"])
+            except ValueError:
+                pass
+    return deserialize_action(data, action_cls)

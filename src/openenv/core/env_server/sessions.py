@@ -1,0 +1,570 @@
+"""Sessions: one environment instance each, and the rules around them.
+
+Every route of the server (``/ws``, ``/mcp`` over HTTP and WebSocket, stateless HTTP calls) goes
+through one :class:`SessionManager`. It owns:
+
+* **capacity** — at most ``max_sessions`` sessions (creating ones included) exist at once;
+* **execution** — async environments run on the event loop; sync ones run in a bounded
+  :class:`WorkerPool` (one thread when ``REQUIRES_SINGLE_THREAD_EXECUTOR``), one call at a time
+  per session (an ``asyncio.Lock``, not a thread per session);
+* **time limits** — with ``step_timeout_s`` set, a reset/step/state/tool call that runs longer is
+  abandoned: the caller gets :class:`StepTimeoutError`, the session's environment instance is
+  discarded (closed once its call returns) and the next call builds a fresh one;
+* **lifetime** — a session created by a socket lives as long as that socket; a session created over
+  HTTP (``openenv/session/create``) lives until it is closed or has been idle, with no socket
+  attached, for ``session_timeout_s`` (default :data:`DEFAULT_DETACHED_SESSION_TIMEOUT_S`). The
+  reaper never touches a session a socket is attached to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import inspect
+import logging
+import os
+import sys
+import time
+import uuid
+from enum import Enum
+from typing import Any, AsyncIterator, Callable, Dict, FrozenSet, Optional, Set
+
+from .exceptions import (
+    ConcurrencyConfigurationError,
+    EnvironmentFactoryError,
+    SessionCapacityError,
+    SessionCreationError,
+    SessionNotFoundError,
+    StepTimeoutError,
+)
+from .types import ServerCapacityStatus, SessionInfo
+from .workers import Job, WorkerPool
+
+logger = logging.getLogger("openenv.server")
+
+DEFAULT_DETACHED_SESSION_TIMEOUT_S = 300.0
+"""Idle seconds after which a session with no socket attached is closed, unless configured."""
+
+CLOSE_TIMEOUT_S = 30.0
+
+
+class SessionState(str, Enum):
+    CREATING = "creating"
+    READY = "ready"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+_TRANSITIONS: Dict[SessionState, FrozenSet[SessionState]] = {
+    SessionState.CREATING: frozenset({SessionState.READY, SessionState.CLOSING}),
+    SessionState.READY: frozenset({SessionState.CLOSING}),
+    SessionState.CLOSING: frozenset({SessionState.CLOSED}),
+    SessionState.CLOSED: frozenset(),
+}
+
+
+class SessionKind(str, Enum):
+    SOCKET = "socket"  # created by a WebSocket and destroyed with it
+    DETACHED = "detached"  # created over HTTP; sockets may attach to it one at a time
+    TEMPORARY = "temporary"  # one stateless HTTP call; never listed, never counted
+
+
+class SessionClosedError(SessionNotFoundError):
+    """The session was closed while a call was waiting for it."""
+
+
+class Session:
+    """One environment instance and its bookkeeping. Fields are only touched on the event loop."""
+
+    __slots__ = (
+        "attached",
+        "close_requested",
+        "created_at",
+        "data",
+        "env",
+        "id",
+        "inflight",
+        "kind",
+        "last_activity_at",
+        "lock",
+        "state",
+        "step_count",
+        "traits",
+    )
+
+    def __init__(self, session_id: str, kind: SessionKind) -> None:
+        now = time.time()
+        self.id = session_id
+        self.kind = kind
+        self.state = SessionState.CREATING
+        self.env: Any = None
+        self.traits: Optional[EnvTraits] = None
+        self.created_at = now
+        self.last_activity_at = now
+        self.step_count = 0
+        self.attached = kind is SessionKind.SOCKET
+        self.close_requested = False
+        self.lock = asyncio.Lock()
+        self.inflight: Optional[Job] = None
+        self.data: Dict[str, Any] = {}  # per-session scratch space for protocol adapters
+
+    def transition(self, new: SessionState) -> None:
+        if new not in _TRANSITIONS[self.state]:
+            raise RuntimeError(f"session {self.id}: invalid transition {self.state.value} -> {new.value}")
+        self.state = new
+
+    def touch(self, step: bool = False) -> None:
+        self.last_activity_at = time.time()
+        if step:
+            self.step_count += 1
+
+    def info(self) -> SessionInfo:
+        return SessionInfo(
+            session_id=self.id,
+            created_at=self.created_at,
+            last_activity_at=self.last_activity_at,
+            step_count=self.step_count,
+            environment_type=type(self.env).__name__ if self.env is not None else "",
+        )
+
+
+def _accepted_kwargs(method: Callable[..., Any], skip: int) -> Optional[FrozenSet[str]]:
+    """Names a method accepts as keywords, or None when it takes ``**kwargs``."""
+    try:
+        params = list(inspect.signature(method).parameters.values())[skip:]
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return frozenset(
+        p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    )
+
+
+def _overrides(cls: type, name: str, base: type) -> bool:
+    return getattr(cls, name, None) is not getattr(base, name, None)
+
+
+class EnvTraits:
+    """How to call one environment class, worked out once per class."""
+
+    __slots__ = ("async_reset", "async_step", "mcp", "reset_kwargs", "step_kwargs")
+
+    def __init__(self, cls: type) -> None:
+        from .interfaces import Environment
+
+        mcp_module = sys.modules.get(__package__ + ".mcp_environment")
+        mcp_cls = getattr(mcp_module, "MCPEnvironment", None)
+        self.mcp = mcp_cls is not None and issubclass(cls, mcp_cls)
+        self.async_reset = _overrides(cls, "reset_async", Environment) and hasattr(cls, "reset_async")
+        if self.mcp:  # MCP actions always run on the loop; others where _step_impl runs
+            self.async_step = _overrides(cls, "step_async", mcp_cls) or inspect.iscoroutinefunction(
+                getattr(cls, "_step_impl", None)
+            )
+        else:
+            self.async_step = _overrides(cls, "step_async", Environment) and hasattr(cls, "step_async")
+        self.reset_kwargs = _accepted_kwargs(getattr(cls, "reset_async" if self.async_reset else "reset"), 1)
+        step_method = getattr(cls, "step_async" if self.async_step else "step")
+        self.step_kwargs = _accepted_kwargs(step_method, 2)
+        if self.step_kwargs is not None:
+            self.step_kwargs = self.step_kwargs - {"action"}
+
+    @staticmethod
+    def filter(kwargs: Dict[str, Any], accepted: Optional[FrozenSet[str]]) -> Dict[str, Any]:
+        if accepted is None or not kwargs:
+            return kwargs
+        return {k: v for k, v in kwargs.items() if k in accepted}
+
+
+@functools.cache
+def env_traits(cls: type) -> EnvTraits:
+    return EnvTraits(cls)
+
+
+def env_class_of(factory: Any) -> Optional[type]:
+    """The class a factory builds, when that can be told without calling it."""
+    while isinstance(factory, functools.partial):
+        factory = factory.func
+    return factory if isinstance(factory, type) else None
+
+
+def _timeout_from_env() -> Optional[float]:
+    raw = os.environ.get("OPENENV_STEP_TIMEOUT_S")
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"OPENENV_STEP_TIMEOUT_S must be a number of seconds, got {raw!r}") from None
+    return value if value > 0 else None
+
+
+class SessionManager:
+    """Creates, runs and retires sessions; see the module docstring."""
+
+    def __init__(
+        self,
+        factory: Callable[[], Any],
+        *,
+        max_sessions: int = 1,
+        session_timeout_s: Optional[float] = None,
+        detached_session_timeout_s: Optional[float] = DEFAULT_DETACHED_SESSION_TIMEOUT_S,
+        step_timeout_s: Optional[float] = None,
+        worker_threads: Optional[int] = None,
+    ) -> None:
+        if not callable(factory):
+            raise TypeError("factory must be callable")
+        if max_sessions < 1:
+            raise ValueError("max_sessions must be >= 1")
+        self._factory = factory
+        self.factory_name = getattr(factory, "__name__", None) or type(factory).__name__
+        self.max_sessions = max_sessions
+        self.session_timeout_s = session_timeout_s
+        self.detached_session_timeout_s = detached_session_timeout_s
+        self.step_timeout_s = step_timeout_s if step_timeout_s is not None else _timeout_from_env()
+        self.env_cls = env_class_of(factory)
+        if self.env_cls is not None:
+            self._check_concurrency(self.env_cls)
+        single = bool(getattr(self.env_cls, "REQUIRES_SINGLE_THREAD_EXECUTOR", False))
+        if worker_threads is None:
+            worker_threads = int(os.environ.get("OPENENV_WORKER_THREADS", "0")) or min(max_sessions + 1, 16)
+        self.pool = WorkerPool(1 if single else worker_threads, name="openenv-env")
+        self._sessions: Dict[str, Session] = {}
+        self._temporary_slots = asyncio.Semaphore(max_sessions)
+        self._background: Set[asyncio.Task] = set()
+        self._reaper: Optional[asyncio.Task] = None
+        self._closed = False
+
+    # --- capacity and lookup --------------------------------------------------------------
+
+    @property
+    def active_sessions(self) -> int:
+        return len(self._sessions)
+
+    def capacity_status(self) -> ServerCapacityStatus:
+        return ServerCapacityStatus.from_counts(min(len(self._sessions), self.max_sessions), self.max_sessions)
+
+    def get(self, session_id: str) -> Session:
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise SessionNotFoundError(session_id)
+        return session
+
+    def session_info(self, session_id: str) -> Optional[SessionInfo]:
+        session = self._sessions.get(session_id)
+        return session.info() if session is not None else None
+
+    def sessions(self) -> Dict[str, Session]:
+        return dict(self._sessions)
+
+    # --- environment construction ---------------------------------------------------------
+
+    def _check_concurrency(self, cls: type) -> None:
+        if self.max_sessions > 1 and not getattr(cls, "SUPPORTS_CONCURRENT_SESSIONS", False):
+            raise ConcurrencyConfigurationError(cls.__name__, self.max_sessions)
+
+    async def _build_env(self) -> Any:
+        job = self.pool.submit(self._factory)
+        try:
+            env = await self._timed(job, "environment construction")
+        except (asyncio.CancelledError, StepTimeoutError):
+            job.add_done_callback(lambda: self._close_built(job))  # nobody will use what it builds
+            raise
+        except Exception as exc:
+            logger.exception("environment factory %r failed", self.factory_name)
+            raise EnvironmentFactoryError(self.factory_name) from exc
+        if self.env_cls is None:
+            try:
+                self._check_concurrency(type(env))
+            except ConcurrencyConfigurationError:
+                self._close_soon(env, None)
+                raise
+        return env
+
+    def _close_built(self, job: Job) -> None:
+        if job.outcome is not None and job.outcome[0]:
+            self._close_soon(job.outcome[1], None)
+
+    async def _timed(self, job: Job, operation: str) -> Any:
+        """Await a pool job under the step timeout; abandon it when the caller gives up."""
+        try:
+            if self.step_timeout_s is None:
+                return await job.future
+            return await _with_timeout(job.future, self.step_timeout_s, operation)
+        except (asyncio.CancelledError, StepTimeoutError):
+            self.pool.abandon(job)
+            raise
+
+    # --- session lifecycle ----------------------------------------------------------------
+
+    async def create(self, kind: SessionKind = SessionKind.DETACHED) -> Session:
+        """Reserve a slot and build the session's environment (raises SessionCapacityError)."""
+        if self._closed:
+            raise SessionCreationError("server is shutting down")
+        if len(self._sessions) >= self.max_sessions:
+            raise SessionCapacityError(len(self._sessions), self.max_sessions)
+        session = Session(str(uuid.uuid4()), kind)
+        self._sessions[session.id] = session
+        try:
+            env = await self._build_env()
+        except BaseException:
+            if self._sessions.get(session.id) is session:
+                del self._sessions[session.id]
+            if session.state is SessionState.CREATING:
+                session.transition(SessionState.CLOSING)
+                session.transition(SessionState.CLOSED)
+            raise
+        if session.state is not SessionState.CREATING:  # destroyed while its env was being built
+            self._close_soon(env, None)
+            raise SessionCreationError("session was closed while it was being created")
+        session.env = env
+        session.traits = env_traits(type(env))
+        session.transition(SessionState.READY)
+        self._ensure_reaper()
+        return session
+
+    def attach(self, session_id: str) -> Session:
+        """Attach a socket to a detached session (one socket at a time)."""
+        session = self.get(session_id)
+        if session.state is SessionState.CREATING:
+            raise SessionCreationError("initializing", f"Session {session_id} is still initializing; retry shortly")
+        if session.state is not SessionState.READY:
+            raise SessionNotFoundError(session_id)
+        if session.attached:
+            raise SessionCreationError("attached", f"Session {session_id} is already attached to another connection")
+        session.attached = True
+        session.touch()
+        return session
+
+    async def detach(self, session: Session) -> None:
+        """A socket let go of ``session``: destroy it if the socket owned it or a close was requested."""
+        session.attached = False
+        session.touch()
+        if session.kind is SessionKind.SOCKET or session.close_requested:
+            await self.destroy(session)
+
+    async def request_close(self, session_id: str) -> Dict[str, Any]:
+        """``openenv/session/close``: close now, or once the attached socket lets go."""
+        session = self.get(session_id)
+        if session.state is SessionState.CREATING:
+            raise SessionCreationError("initializing", f"Session {session_id} is still initializing; retry shortly")
+        if session.attached:
+            session.close_requested = True
+            return {"session_id": session_id, "closed": False, "closing": True}
+        await self.destroy(session)
+        return {"session_id": session_id, "closed": True}
+
+    async def destroy(self, session: Session) -> None:
+        """Free the slot at once; close the environment when no call is running on it."""
+        if session.state in (SessionState.CLOSING, SessionState.CLOSED):
+            return
+        session.transition(SessionState.CLOSING)
+        if self._sessions.get(session.id) is session:
+            del self._sessions[session.id]
+        async with session.lock:
+            env, session.env = session.env, None
+            job, session.inflight = session.inflight, None
+            session.transition(SessionState.CLOSED)
+        if env is not None:
+            self._close_soon(env, job)
+
+    def _close_soon(self, env: Any, job: Optional[Job]) -> None:
+        """Close ``env`` in the pool, after ``job`` (a call still running on it) has returned."""
+        if job is not None and not job.done:
+            job.add_done_callback(lambda: self._close_soon(env, None))
+            return
+        self._spawn(self._close_env(env))
+
+    async def _close_env(self, env: Any) -> None:
+        close = getattr(env, "close", None)
+        if close is None:
+            return
+        try:
+            job = self.pool.submit(close)
+            await asyncio.wait_for(asyncio.shield(job.future), CLOSE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            logger.warning("%s.close() did not return within %.0f s", type(env).__name__, CLOSE_TIMEOUT_S)
+        except RuntimeError as exc:  # pool shut down: close inline as a last resort
+            if "shut down" in str(exc):
+                with contextlib.suppress(Exception):
+                    close()
+            else:
+                logger.exception("%s.close() failed", type(env).__name__)
+        except Exception:
+            logger.exception("%s.close() failed", type(env).__name__)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    @contextlib.asynccontextmanager
+    async def temporary(self) -> AsyncIterator[Session]:
+        """A throw-away session for one stateless HTTP call (bounded, never counted as a slot)."""
+        async with self._temporary_slots:
+            env = await self._build_env()
+            session = Session("temporary", SessionKind.TEMPORARY)
+            session.env = env
+            session.traits = env_traits(type(env))
+            session.transition(SessionState.READY)
+            try:
+                yield session
+            finally:
+                session.transition(SessionState.CLOSING)
+                session.transition(SessionState.CLOSED)
+                if session.env is not None:
+                    self._close_soon(session.env, session.inflight)
+
+    # --- calls on a session's environment ---------------------------------------------------
+
+    async def call(
+        self,
+        session: Session,
+        operation: str,
+        sync_fn: Optional[Callable[[Any], Any]],
+        async_fn: Optional[Callable[[Any], Any]] = None,
+    ) -> Any:
+        """Run ``async_fn(env)`` on the loop, or ``sync_fn(env)`` in the pool, under the session's
+        lock and the step timeout."""
+        async with session.lock:
+            if session.state is not SessionState.READY:
+                raise SessionClosedError(session.id, f"Session {session.id} is closed")
+            env = session.env
+            if env is None:  # discarded after a timeout
+                env = session.env = await self._build_env()
+            timeout = self.step_timeout_s
+            if async_fn is not None:
+                if timeout is None:
+                    return await async_fn(env)
+                try:
+                    return await _with_timeout(async_fn(env), timeout, operation)
+                except StepTimeoutError:
+                    self._discard_env(session)
+                    raise
+            job = self.pool.submit(sync_fn, env)  # type: ignore[arg-type]
+            session.inflight = job
+            try:
+                if timeout is None:
+                    result = await job.future
+                else:
+                    result = await _with_timeout(job.future, timeout, operation)
+            except StepTimeoutError:
+                self.pool.abandon(job)
+                self._discard_env(session)
+                raise
+            except asyncio.CancelledError:
+                self.pool.abandon(job)
+                raise
+            session.inflight = None
+            return result
+
+    def _discard_env(self, session: Session) -> None:
+        env, session.env = session.env, None
+        job, session.inflight = session.inflight, None
+        if env is not None:
+            self._close_soon(env, job)
+
+    async def reset(self, session: Session, kwargs: Dict[str, Any]) -> Any:
+        traits = session.traits
+        assert traits is not None
+        kwargs = traits.filter(kwargs, traits.reset_kwargs)
+        if traits.async_reset:
+            result = await self.call(session, "reset", None, lambda env: env.reset_async(**kwargs))
+        else:
+            result = await self.call(session, "reset", lambda env: env.reset(**kwargs))
+        session.touch()
+        return result
+
+    async def step(self, session: Session, action: Any, kwargs: Optional[Dict[str, Any]] = None) -> Any:
+        traits = session.traits
+        assert traits is not None
+        kwargs = traits.filter(kwargs or {}, traits.step_kwargs)
+        if traits.async_step or (traits.mcp and getattr(action, "type", None) in ("list_tools", "call_tool")):
+            result = await self.call(session, "step", None, lambda env: env.step_async(action, **kwargs))
+        else:
+            result = await self.call(session, "step", lambda env: env.step(action, **kwargs))
+        session.touch(step=True)
+        return result
+
+    async def state(self, session: Session) -> Any:
+        traits = session.traits
+        assert traits is not None
+        if traits.async_step or traits.async_reset:
+            return await self.call(session, "state", None, _read_state_async)
+        return await self.call(session, "state", _read_state)
+
+    # --- idle reaping and shutdown ----------------------------------------------------------
+
+    def _idle_limit(self) -> Optional[float]:
+        return self.session_timeout_s if self.session_timeout_s is not None else self.detached_session_timeout_s
+
+    def _ensure_reaper(self) -> None:
+        limit = self._idle_limit()
+        if (self._reaper is None or self._reaper.done()) and limit is not None and not self._closed:
+            self._reaper = asyncio.get_running_loop().create_task(self._reap_forever(limit))
+
+    async def _reap_forever(self, limit: float) -> None:
+        interval = max(0.05, min(limit / 4, 5.0))
+        while True:
+            await asyncio.sleep(interval)
+            await self.reap_idle(limit)
+
+    async def reap_idle(self, limit: Optional[float] = None) -> int:
+        """Destroy sessions with no socket attached that have been idle longer than ``limit``."""
+        limit = self._idle_limit() if limit is None else limit
+        if limit is None:
+            return 0
+        deadline = time.time() - limit
+        idle = [
+            s
+            for s in self._sessions.values()
+            if s.state is SessionState.READY
+            and not s.attached
+            and not s.lock.locked()
+            and s.last_activity_at < deadline
+        ]
+        for session in idle:
+            logger.info("closing session %s after %.0f s idle", session.id, limit)
+            await self.destroy(session)
+        return len(idle)
+
+    async def shutdown(self) -> None:
+        """Destroy every session and stop the reaper; the manager accepts no new sessions."""
+        self._closed = True
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
+        for session in list(self._sessions.values()):
+            await self.destroy(session)
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=CLOSE_TIMEOUT_S)
+        self.pool.shutdown()
+
+
+def _read_state(env: Any) -> Any:
+    return env.state
+
+
+async def _read_state_async(env: Any) -> Any:
+    return env.state
+
+
+if sys.version_info >= (3, 11):
+
+    async def _with_timeout(awaitable: Any, timeout: float, operation: str) -> Any:
+        try:
+            async with asyncio.timeout(timeout) as scope:
+                return await awaitable
+        except TimeoutError:
+            if scope.expired():
+                raise StepTimeoutError(operation, timeout) from None
+            raise
+
+else:  # pragma: no cover - Python 3.10
+
+    async def _with_timeout(awaitable: Any, timeout: float, operation: str) -> Any:
+        try:
+            return await asyncio.wait_for(awaitable, timeout)
+        except asyncio.TimeoutError:
+            raise StepTimeoutError(operation, timeout) from None

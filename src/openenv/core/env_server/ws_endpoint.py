@@ -1,0 +1,298 @@
+"""The ``/ws`` session protocol: one socket, one session, one environment instance.
+
+Frames are JSON objects ``{"type": ..., "data": ...}``; see the spec's section 4. A bad frame of
+any kind (not JSON, not an object, binary, too large, unknown type, invalid action) is answered
+with an error frame and the connection keeps working. Frames are read by a task of their own, so
+a client that goes away mid-step is noticed at once: the step is cancelled (a sync step finishes in
+its worker and its environment is closed afterwards) and the session's slot is freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+from typing import TYPE_CHECKING, Any, Deque, Dict, Optional
+
+import pydantic
+
+from .exceptions import (
+    EnvironmentFactoryError,
+    SessionCapacityError,
+    SessionCreationError,
+    SessionNotFoundError,
+    StepTimeoutError,
+)
+from .mcp_types import JsonRpcErrorCode, JsonRpcRequest, JsonRpcResponse, WSMCPMessage
+from .serialization import deserialize_action, dumps_json, observation_payload_json, to_json_bytes
+from .sessions import Session, SessionClosedError, SessionKind
+from .types import ResetRequest, WSErrorCode, WSResetMessage, WSStateMessage, WSStepMessage
+
+if TYPE_CHECKING:  # pragma: no cover
+    from starlette.websockets import WebSocket
+
+    from .http_server import HTTPEnvServer
+
+logger = logging.getLogger("openenv.server")
+
+PIPELINE_DEPTH = 16
+"""Frames read ahead of the one being processed; beyond that TCP backpressure applies."""
+
+_ENVELOPE_KEYS = frozenset({"type", "data"})
+_BARE_KEYS = frozenset({"type"})
+_RESET_CHECKED = ("seed", "episode_id")
+
+
+def error_frame(code: WSErrorCode, message: str, **extra: Any) -> str:
+    data: Dict[str, Any] = {"message": message, "code": code.value}
+    data.update(extra)
+    return dumps_json({"type": "error", "data": data})
+
+
+def _validation_frame(exc: pydantic.ValidationError) -> str:
+    return error_frame(WSErrorCode.VALIDATION_ERROR, "Invalid message", errors=json.loads(exc.json()))
+
+
+def _envelope_error(model: type, message: Any) -> str:
+    """Validate a malformed envelope against its model to report pydantic's own errors."""
+    try:
+        model.model_validate(message)
+    except pydantic.ValidationError as exc:
+        return _validation_frame(exc)
+    return error_frame(WSErrorCode.VALIDATION_ERROR, "Invalid message")
+
+
+class _Close:
+    pass
+
+
+class _Inbox:
+    """Frames read ahead of the one being processed: a deque and at most one waiter each side."""
+
+    __slots__ = ("_getter", "_items", "_putter")
+
+    def __init__(self) -> None:
+        self._items: Deque[Dict[str, Any]] = collections.deque()
+        self._getter: Optional[asyncio.Future] = None
+        self._putter: Optional[asyncio.Future] = None
+
+    def put(self, item: Dict[str, Any]) -> bool:
+        """Add a frame; True when the inbox is now full and the reader should wait."""
+        getter = self._getter
+        if getter is not None:
+            self._getter = None
+            if not getter.done():
+                getter.set_result(item)
+                return False
+        self._items.append(item)
+        return len(self._items) >= PIPELINE_DEPTH
+
+    async def wait_for_space(self) -> None:
+        self._putter = asyncio.get_running_loop().create_future()
+        await self._putter
+
+    async def get(self) -> Dict[str, Any]:
+        items = self._items
+        if items:
+            item = items.popleft()
+            putter = self._putter
+            if putter is not None:
+                self._putter = None
+                if not putter.done():
+                    putter.set_result(None)
+            return item
+        self._getter = asyncio.get_running_loop().create_future()
+        return await self._getter
+
+
+CLOSE = _Close()
+
+
+class WSConnection:
+    """Serves one ``/ws`` connection."""
+
+    def __init__(self, server: HTTPEnvServer, websocket: WebSocket) -> None:
+        self.server = server
+        self.manager = server.manager
+        self.ws = websocket
+        self.session: Optional[Session] = None
+        self.max_chars = server.max_message_chars
+
+    async def run(self) -> None:
+        ws = self.ws
+        await ws.accept()
+        session = await self._open_session()
+        if session is None:
+            return
+        self.session = session
+        inbox = _Inbox()
+        # Reader and processor run as tasks of their own: resuming a coroutine resumes every frame
+        # of its await chain, and this endpoint sits deep under the ASGI middleware stack.
+        loop = asyncio.get_running_loop()
+        processor = loop.create_task(self._process(inbox))
+        reader = loop.create_task(self._read(inbox))
+        try:
+            await asyncio.wait((reader, processor), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (reader, processor):
+                task.cancel()
+            await asyncio.gather(reader, processor, return_exceptions=True)
+            await self.manager.detach(session)
+
+    async def _read(self, inbox: _Inbox) -> None:
+        receive = self.ws.receive
+        try:
+            while True:
+                message = await receive()
+                if message["type"] == "websocket.disconnect":
+                    return
+                if inbox.put(message):
+                    await inbox.wait_for_space()
+        except Exception:  # the transport failed: same as a disconnect
+            return
+
+    async def _open_session(self) -> Optional[Session]:
+        session_id = self.ws.query_params.get("session_id")
+        try:
+            if session_id:
+                return self.manager.attach(session_id)
+            session = await self.manager.create(SessionKind.SOCKET)
+            self.server.prepare_session(session)
+            return session
+        except SessionCapacityError as exc:
+            frame = error_frame(
+                WSErrorCode.CAPACITY_REACHED,
+                exc.message,
+                active_sessions=exc.active_sessions,
+                max_sessions=exc.max_sessions,
+            )
+            close_code = 1013  # try again later
+        except EnvironmentFactoryError as exc:
+            frame = error_frame(WSErrorCode.FACTORY_ERROR, exc.message, factory_name=exc.factory_name)
+            close_code = 1011
+        except (SessionNotFoundError, SessionCreationError) as exc:
+            frame = error_frame(WSErrorCode.SESSION_ERROR, exc.message)
+            close_code = 1008
+        except Exception as exc:
+            logger.exception("could not open a session")
+            frame = error_frame(WSErrorCode.SESSION_ERROR, str(exc) or type(exc).__name__)
+            close_code = 1011
+        try:
+            await self.ws.send({"type": "websocket.send", "text": frame})
+            await self.ws.close(close_code)
+        except Exception:
+            pass
+        return None
+
+    async def _process(self, inbox: _Inbox) -> None:
+        send = self.ws.send
+        get = inbox.get
+        while True:
+            message = await get()
+            text = message.get("text")
+            if text is None:
+                reply: Any = error_frame(
+                    WSErrorCode.UNSUPPORTED_FRAME,
+                    "Binary frames are not supported: send each message as a JSON text frame",
+                )
+            else:
+                reply = await self.handle_text(text)
+            if reply is CLOSE:
+                try:
+                    await self.ws.close(1000)
+                except Exception:
+                    pass
+                return
+            try:
+                await send({"type": "websocket.send", "text": reply})
+            except Exception:
+                return
+
+    async def handle_text(self, text: str) -> Any:
+        """The reply to one text frame (or CLOSE)."""
+        if len(text) > self.max_chars:
+            return error_frame(
+                WSErrorCode.MESSAGE_TOO_LARGE,
+                f"Message of {len(text)} characters exceeds the server's limit of {self.max_chars}",
+                limit=self.max_chars,
+            )
+        try:
+            message = json.loads(text)
+        except ValueError as exc:
+            return error_frame(WSErrorCode.INVALID_JSON, f"Invalid JSON: {exc}")
+        if not isinstance(message, dict):
+            return _envelope_error(WSStepMessage, message)
+        kind = message.get("type")
+        try:
+            if kind == "step":
+                return await self._step(message)
+            if kind == "reset":
+                return await self._reset(message)
+            if kind == "state":
+                if message.keys() != _BARE_KEYS:
+                    return _envelope_error(WSStateMessage, message)
+                return await self._state()
+            if kind == "close":
+                if message.keys() != _BARE_KEYS:
+                    return _envelope_error(WSStateMessage, message)
+                return CLOSE
+            if kind == "mcp":
+                return await self._mcp(message)
+        except pydantic.ValidationError as exc:
+            return _validation_frame(exc)
+        except StepTimeoutError as exc:
+            return error_frame(WSErrorCode.TIMEOUT, exc.message, timeout_s=exc.timeout_s)
+        except SessionClosedError as exc:
+            return error_frame(WSErrorCode.SESSION_ERROR, exc.message)
+        except EnvironmentFactoryError as exc:
+            return error_frame(WSErrorCode.FACTORY_ERROR, exc.message, factory_name=exc.factory_name)
+        except Exception as exc:
+            logger.exception("environment call failed")
+            return error_frame(
+                WSErrorCode.EXECUTION_ERROR, str(exc) or type(exc).__name__, exception=type(exc).__name__
+            )
+        shown = kind if isinstance(kind, str) else ("" if kind is None else json.dumps(kind))
+        return error_frame(WSErrorCode.UNKNOWN_TYPE, f"Unknown message type: {shown}")
+
+    async def _step(self, message: Dict[str, Any]) -> str:
+        data = message.get("data")
+        if message.keys() != _ENVELOPE_KEYS or not isinstance(data, dict):
+            return _envelope_error(WSStepMessage, message)
+        action = deserialize_action(data, self.server.action_cls)
+        observation = await self.manager.step(self.session, action)  # type: ignore[arg-type]
+        return '{"type":"observation","data":' + observation_payload_json(observation) + "}"
+
+    async def _reset(self, message: Dict[str, Any]) -> str:
+        data = message.get("data", {})
+        if not message.keys() <= _ENVELOPE_KEYS or not isinstance(data, dict):
+            return _envelope_error(WSResetMessage, message)
+        if any(key in data for key in _RESET_CHECKED):
+            ResetRequest.model_validate(data)  # same bounds on seed / episode_id as HTTP /reset
+        observation = await self.manager.reset(self.session, data)  # type: ignore[arg-type]
+        return '{"type":"observation","data":' + observation_payload_json(observation) + "}"
+
+    async def _state(self) -> str:
+        state = await self.manager.state(self.session)  # type: ignore[arg-type]
+        if state is None:
+            state = {}
+        elif not isinstance(state, (dict, pydantic.BaseModel)):
+            state = dict(state)
+        return '{"type":"state","data":' + to_json_bytes(state).decode() + "}"
+
+    async def _mcp(self, message: Dict[str, Any]) -> str:
+        if not message.keys() <= _ENVELOPE_KEYS or not isinstance(message.get("data"), dict):
+            return _envelope_error(WSMCPMessage, message)
+        data = message["data"]
+        try:
+            request = JsonRpcRequest.model_validate(data)
+        except pydantic.ValidationError as exc:
+            response: Optional[JsonRpcResponse] = JsonRpcResponse.error_response(
+                JsonRpcErrorCode.INVALID_REQUEST, f"Invalid request: {exc}", None, data.get("id")
+            )
+        else:
+            response = await self.server.mcp.dispatch(request, session=self.session, socket_owned=True)
+        if response is None:
+            response = JsonRpcResponse.success({}, data.get("id"))
+        self.session.touch()  # type: ignore[union-attr]
+        return '{"type":"mcp","data":' + dumps_json(response.model_dump()) + "}"

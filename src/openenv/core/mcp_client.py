@@ -1,0 +1,272 @@
+"""Clients of MCP environments: tools are listed and called by name.
+
+``MCPToolClient`` keeps OpenEnv 0.10's production handshake: it creates the session over HTTP
+(``POST /mcp`` ``openenv/session/create``) and attaches its WebSocket to it
+(``/ws?session_id=...``), so reset/step/state and tool calls act on one environment instance.
+Tool listings and calls travel as ``{"type": "mcp"}`` frames on that WebSocket. In
+``simulation`` mode the WebSocket owns its session and no HTTP request is made.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Any, Dict, List, Optional
+
+from pydantic import ConfigDict
+
+from .client_errors import ToolCallError
+from .client_types import StepResult
+from .env_client import EnvClient
+from .env_server.mcp_types import (
+    CallToolAction,
+    CallToolObservation,
+    ListToolsAction,
+    ListToolsObservation,
+    Tool,
+    ToolError,
+)
+from .env_server.types import Observation, State
+from .utils import Endpoint
+
+logger = logging.getLogger("openenv.client")
+
+
+class GenericMCPObservation(Observation):
+    """An observation of an MCP environment that is neither a tool listing nor a tool result."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True, arbitrary_types_allowed=True)
+
+
+def tool_result_value(result: Any) -> Any:
+    """The value a tool returned, from OpenEnv's or MCP's ``tools/call`` result shape.
+
+    ``data`` when the server knows it, else the structured content, else the text content;
+    anything that is not a tool-result object is returned as it is.
+    """
+    if not isinstance(result, dict) or "content" not in result or not ({"is_error", "isError", "data"} & result.keys()):
+        return result
+    if result.get("data") is not None:
+        return result["data"]
+    structured = result.get("structured_content", result.get("structuredContent"))
+    if structured is not None:
+        return structured
+    texts = [
+        item.get("text")
+        for item in result.get("content") or ()
+        if isinstance(item, dict) and item.get("type") == "text"
+    ]
+    if len(texts) == 1:
+        return texts[0]
+    return "\n".join(t for t in texts if t) if texts else None
+
+
+def _parse_tool(entry: Dict[str, Any]) -> Tool:
+    return Tool(
+        name=entry["name"],
+        description=entry.get("description") or "",
+        input_schema=entry.get("input_schema") or entry.get("inputSchema") or {},
+    )
+
+
+class MCPClientBase(EnvClient[Any, Observation, State]):
+    """Base of MCP environment clients (mode defaults to ``production``)."""
+
+    def __init__(
+        self,
+        base_url: Optional[str] = None,
+        connect_timeout_s: float = 10.0,
+        message_timeout_s: float = 60.0,
+        websocket_ping_interval_s: Optional[float] = 20.0,
+        websocket_ping_timeout_s: Optional[float] = 20.0,
+        provider: Any = None,
+        mode: Optional[str] = None,
+        max_message_size_mb: float = 100.0,
+        headers: Optional[Dict[str, str]] = None,
+    ) -> None:
+        super().__init__(
+            base_url=base_url,
+            connect_timeout_s=connect_timeout_s,
+            message_timeout_s=message_timeout_s,
+            max_message_size_mb=max_message_size_mb,
+            websocket_ping_interval_s=websocket_ping_interval_s,
+            websocket_ping_timeout_s=websocket_ping_timeout_s,
+            provider=provider,
+            mode=mode or "production",
+            headers=headers,
+        )
+        self._tools_cache: Optional[List[Tool]] = None
+        self._production_session_id: Optional[str] = None
+        self._http: Any = None
+        self._rpc_ids = itertools.count(1)
+
+    @property
+    def session_id(self) -> Optional[str]:
+        """The server session this client drives (production mode), once connected."""
+        return self._production_session_id
+
+    # --- session handshake --------------------------------------------------------------------
+
+    def _http_client(self, endpoint: Endpoint) -> Any:
+        if self._http is None:
+            import httpx
+
+            transport = httpx.AsyncHTTPTransport(uds=endpoint.uds) if endpoint.uds else None
+            self._http = httpx.AsyncClient(
+                base_url=endpoint.http_url,
+                headers=self._headers or None,
+                timeout=self._message_timeout_s,
+                transport=transport,
+                trust_env=not endpoint.is_loopback,
+            )
+        return self._http
+
+    async def _http_rpc(self, endpoint: Endpoint, method: str, params: Dict[str, Any]) -> Dict[str, Any]:
+        payload = {"jsonrpc": "2.0", "method": method, "params": params, "id": next(self._rpc_ids)}
+        response = await self._http_client(endpoint).post("/mcp", json=payload)
+        response.raise_for_status()
+        return response.json()
+
+    async def _before_connect(self, endpoint: Endpoint) -> None:
+        if self._mode != "production" or self._production_session_id is not None:
+            return
+        try:
+            body = await self._http_rpc(endpoint, "openenv/session/create", {})
+        except Exception as exc:
+            raise ConnectionError(f"Failed to create MCP session at {endpoint.http_url}/mcp: {exc}") from exc
+        if body.get("error"):
+            raise ConnectionError(f"Failed to create MCP session: {body['error'].get('message')}")
+        self._production_session_id = body["result"]["session_id"]
+
+    def _ws_path(self) -> str:
+        if self._mode == "production" and self._production_session_id:
+            return f"/ws?session_id={self._production_session_id}"
+        return "/ws"
+
+    def _lose_session(self) -> None:
+        super()._lose_session()
+        self._forget_production_session()
+
+    def _forget_production_session(self) -> None:
+        """Drop the HTTP-created session id; the server closes it when its idle limit passes."""
+        self._production_session_id = None
+        self._tools_cache = None
+
+    async def _close_async(self) -> None:
+        session_id, endpoint = self._production_session_id, self._endpoint
+        await self._disconnect_async()
+        if session_id is not None and endpoint is not None:
+            try:
+                await self._http_rpc(endpoint, "openenv/session/close", {"session_id": session_id})
+            except Exception:
+                logger.debug("closing MCP session %s failed", session_id, exc_info=True)
+        self._forget_production_session()
+        if self._http is not None:
+            http, self._http = self._http, None
+            await http.aclose()
+        await super()._close_async()
+
+    # --- tools ----------------------------------------------------------------------------------
+
+    async def _rpc(self, method: str, params: Dict[str, Any]) -> Dict[str, Any]:
+        """One JSON-RPC request on the session's WebSocket; returns the JSON-RPC response."""
+        frame = {
+            "type": "mcp",
+            "data": {"jsonrpc": "2.0", "method": method, "params": params, "id": next(self._rpc_ids)},
+        }
+        response = await self._request(frame)
+        return response.get("data") or {}
+
+    async def _list_tools_async(self, use_cache: bool = True) -> List[Tool]:
+        if use_cache and self._tools_cache is not None:
+            return list(self._tools_cache)
+        response = await self._rpc("tools/list", {})
+        if response.get("error"):
+            raise RuntimeError(f"Listing tools failed: {response['error'].get('message')}")
+        tools = [_parse_tool(t) for t in (response.get("result") or {}).get("tools", [])]
+        self._tools_cache = tools
+        return list(tools)
+
+    def list_tools(self, use_cache: bool = True) -> Any:
+        """The environment's tools (cached after the first call unless ``use_cache=False``)."""
+        return self._dispatch(self._list_tools_async, use_cache)
+
+    async def _get_tool_async(self, name: str) -> Optional[Tool]:
+        for tool in await self._list_tools_async():
+            if tool.name == name:
+                return tool
+        return None
+
+    def get_tool(self, name: str) -> Any:
+        return self._dispatch(self._get_tool_async, name)
+
+    async def _has_tool_async(self, name: str) -> bool:
+        return await self._get_tool_async(name) is not None
+
+    def has_tool(self, name: str) -> Any:
+        return self._dispatch(self._has_tool_async, name)
+
+    # --- step payloads and parsing ----------------------------------------------------------------
+
+    def _step_payload(self, action: Any) -> Dict[str, Any]:
+        if isinstance(action, ListToolsAction):
+            return {"type": "list_tools"}
+        if isinstance(action, CallToolAction):
+            return {"type": "call_tool", "tool_name": action.tool_name, "arguments": action.arguments}
+        model_dump = getattr(action, "model_dump", None)
+        if callable(model_dump):
+            return model_dump()
+        if isinstance(action, dict):
+            return dict(action)
+        return {"action": str(action)}
+
+    def _parse_result(self, payload: Dict[str, Any]) -> StepResult[Observation]:
+        data = dict(payload.get("observation") or {})
+        common = {
+            "done": payload.get("done", data.pop("done", False)),
+            "reward": payload.get("reward", data.pop("reward", None)),
+        }
+        metadata = data.pop("metadata", None) or {}
+        observation: Observation
+        if "tools" in data:
+            observation = ListToolsObservation(
+                tools=[_parse_tool(t) for t in data["tools"]], metadata=metadata, **common
+            )
+        elif "tool_name" in data:
+            error = data.get("error")
+            observation = CallToolObservation(
+                tool_name=data["tool_name"],
+                result=tool_result_value(data.get("result")),
+                error=ToolError(**error) if isinstance(error, dict) else None,
+                metadata=metadata,
+                **common,
+            )
+        else:
+            observation = GenericMCPObservation(metadata=metadata, **data, **common)
+        return StepResult(
+            observation=observation,
+            reward=common["reward"],
+            done=bool(common["done"]),
+            metadata=payload.get("metadata"),
+        )
+
+    def _parse_state(self, payload: Dict[str, Any]) -> State:
+        return State(**payload)
+
+
+class MCPToolClient(MCPClientBase):
+    """An MCP environment client with ``call_tool(name, **arguments)``."""
+
+    async def _call_tool_async(self, name: str, /, **arguments: Any) -> Any:
+        response = await self._rpc("tools/call", {"name": name, "arguments": arguments})
+        error = response.get("error")
+        if error:
+            raise ToolCallError(name, str(error.get("message")), error.get("code"), error.get("data"))
+        result = response.get("result")
+        if isinstance(result, dict) and (result.get("isError") or result.get("is_error")):
+            raise ToolCallError(name, str(tool_result_value({**result, "data": None})))
+        return tool_result_value(result)
+
+    def call_tool(self, name: str, /, **arguments: Any) -> Any:
+        """Call a tool and return its value; a failing tool raises :class:`ToolCallError`."""
+        return self._dispatch(self._call_tool_async, name, **arguments)

@@ -1,0 +1,175 @@
+"""Synchronous use of an :class:`~openenv.core.env_client.EnvClient`.
+
+The async client does all the work on a private event loop that runs on a daemon thread
+(:class:`LoopThread`); sync calls submit coroutines to it and wait. Because that loop is not the
+caller's, this works the same from a plain script, from worker threads (calls are serialised)
+and from inside a running event loop such as a Jupyter cell, without deadlock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import threading
+from typing import TYPE_CHECKING, Any, Coroutine, Generic, Optional, TypeVar
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .client_types import StepResult
+    from .env_client import EnvClient
+
+T = TypeVar("T")
+ActT = TypeVar("ActT")
+ObsT = TypeVar("ObsT")
+StateT = TypeVar("StateT")
+
+_START_TIMEOUT_S = 5.0
+
+
+class LoopThread:
+    """An event loop running forever on its own daemon thread."""
+
+    def __init__(self, name: str = "openenv-sync-client-loop") -> None:
+        self.name = name
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+
+    def _ensure_started(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is not None and self._thread is not None and self._thread.is_alive():
+                return self._loop
+            loop = asyncio.new_event_loop()
+            ready = threading.Event()
+
+            def serve() -> None:
+                asyncio.set_event_loop(loop)
+                loop.call_soon(ready.set)
+                try:
+                    loop.run_forever()
+                finally:
+                    loop.close()
+
+            thread = threading.Thread(target=serve, name=self.name, daemon=True)
+            thread.start()
+            if not ready.wait(_START_TIMEOUT_S):
+                raise RuntimeError(f"the client's event loop thread did not start within {_START_TIMEOUT_S:g} s")
+            self._loop, self._thread = loop, thread
+            return loop
+
+    def in_loop_thread(self) -> bool:
+        return self._thread is not None and threading.current_thread() is self._thread
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the loop and wait for its result (Ctrl-C cancels it)."""
+        if self.in_loop_thread():
+            coro.close()
+            raise RuntimeError(
+                "a sync client call was made from its own event loop thread; await the async client instead"
+            )
+        future = asyncio.run_coroutine_threadsafe(coro, self._ensure_started())
+        try:
+            return future.result()
+        except KeyboardInterrupt:
+            future.cancel()
+            raise
+        except concurrent.futures.CancelledError:
+            raise asyncio.CancelledError() from None
+
+    def stop(self) -> None:
+        with self._lock:
+            loop, thread = self._loop, self._thread
+            self._loop = self._thread = None
+        if loop is None or thread is None:
+            return
+        try:
+            loop.call_soon_threadsafe(loop.stop)
+        except RuntimeError:  # already closed
+            return
+        if threading.current_thread() is not thread:
+            thread.join(timeout=5.0)
+
+    def __del__(self) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(loop.stop)
+            except RuntimeError:
+                pass
+
+
+class SyncEnvClient(Generic[ActT, ObsT, StateT]):
+    """Blocking facade over an async :class:`EnvClient` (what ``client.sync()`` returns).
+
+    Same methods as the async client, returning values instead of coroutines. Attributes it does
+    not define are looked up on the async client; its coroutine methods (e.g. ``list_tools`` and
+    ``call_tool`` of MCP clients) run on the private loop.
+    """
+
+    def __init__(self, client: EnvClient[Any, Any, Any]) -> None:
+        self._client = client
+        client._claim("sync")
+
+    @property
+    def async_client(self) -> EnvClient[Any, Any, Any]:
+        return self._client
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self._client._runner().run(coro)
+
+    def connect(self) -> SyncEnvClient[ActT, ObsT, StateT]:
+        self._run(self._client._connect_async())
+        return self
+
+    def disconnect(self) -> None:
+        self._run(self._client._disconnect_async())
+
+    def reset(self, **kwargs: Any) -> StepResult[ObsT]:
+        return self._run(self._client._reset_async(**kwargs))
+
+    def step(self, action: ActT, **kwargs: Any) -> StepResult[ObsT]:
+        return self._run(self._client._step_async(action, **kwargs))
+
+    def state(self) -> StateT:
+        return self._run(self._client._state_async())
+
+    def new_session(self) -> SyncEnvClient[ActT, ObsT, StateT]:
+        """Another session on the same server, closed with this client."""
+        child = self._run(self._client._new_session_async())
+        return SyncEnvClient(child)
+
+    def close(self) -> None:
+        try:
+            self._run(self._client._close_async())
+        finally:
+            self._client._stop_runner()
+
+    def __enter__(self) -> SyncEnvClient[ActT, ObsT, StateT]:
+        return self.connect()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if inspect.iscoroutinefunction(attr):
+
+            def blocking(*args: Any, **kwargs: Any) -> Any:
+                return self._run(attr(*args, **kwargs))
+
+            blocking.__name__ = name
+            blocking.__doc__ = attr.__doc__
+            return blocking
+        return attr
+
+    def _step_payload(self, action: ActT) -> dict:
+        return self._client._step_payload(action)
+
+    def _parse_result(self, payload: dict) -> StepResult[ObsT]:
+        return self._client._parse_result(payload)
+
+    def _parse_state(self, payload: dict) -> StateT:
+        return self._client._parse_state(payload)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._client!r})"

@@ -1,0 +1,92 @@
+"""Small helpers shared by clients and providers."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+from dataclasses import dataclass
+from typing import Awaitable, Optional, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a server listens: an HTTP(S) base URL, or a Unix socket path.
+
+    ``http_url`` is the base for HTTP requests and ``ws_url`` the one for WebSockets (both use the
+    host ``localhost`` when the server is on a Unix socket, whose path is ``uds``).
+    """
+
+    http_url: str
+    ws_url: str
+    uds: Optional[str] = None
+
+    @property
+    def is_loopback(self) -> bool:
+        if self.uds:
+            return True
+        host = urlsplit(self.http_url).hostname or ""
+        return host in ("localhost", "127.0.0.1", "::1") or host.startswith("127.")
+
+
+def parse_endpoint(base_url: str) -> Endpoint:
+    """Accepts ``http(s)://host[:port][/prefix]``, ``ws(s)://...``, ``host:port`` and ``unix:///path/to.sock``."""
+    url = base_url.strip()
+    if not url:
+        raise ValueError("base_url is empty")
+    if url.startswith("unix:"):
+        path = url[len("unix:") :]
+        while path.startswith("//"):
+            path = path[1:]
+        if not path.startswith("/"):
+            raise ValueError(f"unix socket URL must name an absolute path, like unix:///tmp/env.sock; got {base_url!r}")
+        return Endpoint("http://localhost", "ws://localhost", uds=path)
+    if "://" not in url:
+        url = "http://" + url
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    http_scheme = {"http": "http", "https": "https", "ws": "http", "wss": "https"}.get(scheme)
+    if http_scheme is None:
+        raise ValueError(f"unsupported URL scheme {scheme!r} in {base_url!r}: use http, https, ws, wss or unix")
+    if not parts.netloc:
+        raise ValueError(f"no host in {base_url!r}")
+    path = parts.path.rstrip("/")
+    http_url = urlunsplit((http_scheme, parts.netloc, path, "", ""))
+    ws_url = urlunsplit(("wss" if http_scheme == "https" else "ws", parts.netloc, path, "", ""))
+    return Endpoint(http_url, ws_url)
+
+
+def convert_to_ws_url(url: str) -> str:
+    """``http://h:p/x/`` -> ``ws://h:p/x`` (https -> wss; a bare host gets ``ws://``)."""
+    return parse_endpoint(url).ws_url
+
+
+def hf_space_subdomain(repo_id: str) -> str:
+    """The subdomain of a Hugging Face Space: ``Org/My_Env`` -> ``org-my-env``."""
+    return re.sub(r"[^a-z0-9]", "-", repo_id.lower())
+
+
+def run_async_safely(coro: Awaitable[T]) -> T:
+    """Run a coroutine from sync code, also when the calling thread already runs an event loop
+    (it then runs on a helper thread and this thread waits)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)  # type: ignore[arg-type]
+    box: dict = {}
+
+    def runner() -> None:
+        try:
+            box["value"] = asyncio.run(coro)  # type: ignore[arg-type]
+        except BaseException as exc:
+            box["error"] = exc
+
+    thread = threading.Thread(target=runner, name="openenv-run-async", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]

@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import tempfile
+import time
+from typing import Any, Iterator
+
+import pytest
+
+from openenv.core.env_server.http_server import create_app
+from openenv.core.env_server.runner import BackgroundServer
+
+from .envs import TRACKER, CounterAction, CounterEnv, CounterObservation, CounterState
+
+
+@contextlib.contextmanager
+def serve(app: Any, uds: bool = False) -> Iterator[BackgroundServer]:
+    """A real uvicorn server for ``app`` on 127.0.0.1 (or a Unix socket)."""
+    if uds:
+        with tempfile.TemporaryDirectory(prefix="openenv-test-") as tmp:
+            with BackgroundServer(app, uds=os.path.join(tmp, "env.sock")) as server:
+                yield server
+    else:
+        with BackgroundServer(app) as server:
+            yield server
+
+
+def counter_app(env: Any = CounterEnv, **kwargs: Any) -> Any:
+    kwargs.setdefault("max_concurrent_envs", 4)
+    return create_app(env, CounterAction, CounterObservation, env_name="counter", state_cls=CounterState, **kwargs)
+
+
+@pytest.fixture(autouse=True)
+def _reset_tracker() -> None:
+    TRACKER.reset()
+
+
+@pytest.fixture
+def counter_server() -> Iterator[BackgroundServer]:
+    with serve(counter_app()) as server:
+        yield server
+
+
+async def until(predicate: Any, timeout: float = 5.0) -> None:
+    """Wait for ``predicate()`` to hold (server-side cleanup runs in the background)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not reached within {timeout:.1f} s")
+        await asyncio.sleep(0.02)

@@ -1,0 +1,84 @@
+"""The echo environment package: the quick-start, run verbatim against `uvicorn echo_env.server.app:app`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from echo_env import CallToolAction, EchoEnv, ListToolsAction
+from echo_env.server.echo_environment import EchoEnvironment
+
+from openenv.core.client_errors import ToolCallError
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+sys.path.insert(0, str(EXAMPLES))
+from echo_demo import free_port, wait_healthy  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def echo_url():
+    """The echo server started exactly as a user would: `python -m uvicorn echo_env.server.app:app`."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "echo_env.server.app:app", "--port", str(port), "--log-level", "warning"],
+        cwd="/",
+    )
+    try:
+        wait_healthy(url, server)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def test_quickstart_prints_what_its_comments_say(echo_url):
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLES / "echo_quickstart.py")],
+        env={**os.environ, "OPENENV_URL": echo_url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.splitlines()
+    assert out == [
+        "Echo environment ready!",
+        "Hello, World!",
+        "1.3",
+        "['echo_message', 'echo_with_length']",
+        "{'message': 'Test', 'length': 4}",
+        "Echo environment ready!",
+        "Hello, World!",
+        "1.3",
+    ]
+
+
+async def test_tools_and_state_through_the_client(echo_url):
+    async with EchoEnv(base_url=echo_url) as env:
+        await env.reset()
+        listing = await env.step(ListToolsAction())
+        assert [t.name for t in listing.observation.tools] == ["echo_message", "echo_with_length"]
+        assert listing.reward == 0.0
+        result = await env.step(CallToolAction(tool_name="echo_with_length", arguments={"message": "abc"}))
+        assert result.observation.result == {"message": "abc", "length": 3}
+        assert result.reward == pytest.approx(0.3)
+        assert (await env.state()).step_count == 2
+        failed = await env.step(CallToolAction(tool_name="echo_message", arguments={}))
+        assert failed.observation.error.error_type.value == "invalid_args"
+        with pytest.raises(ToolCallError, match="echo_message"):
+            await env.call_tool("echo_message")
+
+
+def test_environment_used_in_process():
+    env = EchoEnvironment()
+    assert env.reset().echoed_message == "Echo environment ready!"
+    observation = env.step(CallToolAction(tool_name="echo_message", arguments={"message": "hi"}))
+    assert observation.result["data"] == "hi"
+    assert observation.reward == pytest.approx(0.2)
+    assert env.state.step_count == 1
+    from openenv.core.env_server.types import Action
+
+    assert "CallToolAction or ListToolsAction" in env.step(Action()).metadata["error"]

@@ -1,0 +1,392 @@
+"""MCP environments: direct use, the /mcp JSON-RPC endpoint, sessions, and standard MCP clients."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+from fastmcp import FastMCP
+from websockets.asyncio.client import connect
+
+from openenv.core.env_server.http_server import create_app
+from openenv.core.env_server.mcp_environment import MCPEnvironment
+from openenv.core.env_server.mcp_types import (
+    CallToolAction,
+    CallToolObservation,
+    ListToolsAction,
+    ListToolsObservation,
+    ToolErrorType,
+)
+from openenv.core.env_server.types import Observation
+
+from .conftest import serve
+from .envs import TRACKER, LegacyToolEnv, ToolEnv
+
+
+def tool_app(**kwargs):
+    kwargs.setdefault("max_concurrent_envs", 4)
+    return create_app(ToolEnv, CallToolAction, CallToolObservation, env_name="tools", **kwargs)
+
+
+@pytest.fixture
+def tool_server():
+    with serve(tool_app()) as server:
+        yield server
+
+
+@pytest.fixture
+def http(tool_server):
+    with httpx.Client(base_url=tool_server.base_url, timeout=10) as client:
+        yield client
+
+
+def rpc(http, method, params=None, request_id=1, **headers):
+    body = {"jsonrpc": "2.0", "method": method, "id": request_id}
+    if params is not None:
+        body["params"] = params
+    response = http.post("/mcp", json=body, headers=headers)
+    assert response.status_code == 200
+    return response.json()
+
+
+# --- MCPEnvironment used directly -------------------------------------------------------------
+
+
+def test_sync_step_lists_and_calls_tools():
+    env = ToolEnv()
+    listing = env.step(ListToolsAction())
+    assert isinstance(listing, ListToolsObservation)
+    assert [t.name for t in listing.tools] == ["add", "boom", "nap"]
+    assert listing.tools[0].input_schema["required"] == ["a"]
+    result = env.step(CallToolAction(tool_name="add", arguments={"a": 2, "b": 5}))
+    assert isinstance(result, CallToolObservation)
+    assert result.error is None
+    assert result.result["data"] == 7
+    assert result.result["structured_content"] == {"result": 7}
+    assert result.result["content"] == [{"type": "text", "text": "7"}]
+    assert result.result["is_error"] is False
+
+
+async def test_async_step_maps_failures_to_tool_error_types():
+    env = ToolEnv()
+    cases = {
+        "boom": (CallToolAction(tool_name="boom"), ToolErrorType.EXECUTION_ERROR, "kaboom"),
+        "missing": (CallToolAction(tool_name="nope"), ToolErrorType.TOOL_NOT_FOUND, "Unknown tool: 'nope'"),
+        "bad args": (
+            CallToolAction(tool_name="add", arguments={"a": "x"}),
+            ToolErrorType.INVALID_ARGS,
+            "Invalid arguments",
+        ),
+        "slow": (
+            CallToolAction(tool_name="nap", arguments={"seconds": 2}),
+            ToolErrorType.TIMEOUT,
+            "timed out after 0.1 seconds",
+        ),
+    }
+    for name, (action, error_type, fragment) in cases.items():
+        observation = await env.step_async(action, timeout_s=0.1)
+        assert observation.error is not None, name
+        assert observation.error.error_type is error_type, name
+        assert fragment in observation.error.message, name
+
+
+def test_reserved_tool_names_are_refused():
+    server = FastMCP("bad")
+
+    @server.tool
+    def reset() -> str:
+        return "no"
+
+    class Bad(MCPEnvironment):
+        def _step_impl(self, action, timeout_s=None, **kwargs):
+            return Observation()
+
+        def reset(self, seed=None, episode_id=None, **kwargs):
+            return Observation()
+
+        @property
+        def state(self):
+            return None
+
+    with pytest.raises(ValueError, match="reserved"):
+        Bad(server)
+
+
+def test_mode_tools_are_offered_only_in_their_mode():
+    env = ToolEnv()
+    assert "peek" not in [t.name for t in env.step(ListToolsAction()).tools]
+    env._mode = "simulation"
+    assert "peek" in [t.name for t in env.step(ListToolsAction()).tools]
+    assert env.step(CallToolAction(tool_name="peek")).result["data"] == 0
+    env._mode = "production"
+    assert env.step(CallToolAction(tool_name="peek")).error.error_type is ToolErrorType.TOOL_NOT_FOUND
+
+
+def test_non_mcp_actions_go_to_step_impl():
+    from openenv.core.env_server.types import Action
+
+    class Other(Action):
+        x: int = 0
+
+    assert ToolEnv().step(Other()).metadata == {"error": "tools only"}
+
+
+# --- POST /mcp -------------------------------------------------------------------------------
+
+
+def test_parse_error_and_invalid_requests_are_http_200(http):
+    response = http.post("/mcp", content=b"{not json", headers={"content-type": "application/json"})
+    assert (response.status_code, response.json()) == (
+        200,
+        {"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": "Parse error", "data": None}},
+    )
+    body = http.post("/mcp", json={}).json()
+    assert body["error"]["code"] == -32600
+    assert body["error"]["message"].startswith("Invalid request:")
+    assert (
+        http.post("/mcp", json={"jsonrpc": "2.0", "method": "tools/list", "params": [1]}).json()["error"]["code"]
+        == -32600
+    )
+    assert http.post("/mcp", json={"jsonrpc": "2.0", "method": "x", "extra": 1}).json()["error"]["code"] == -32600
+
+
+def test_unknown_method_is_method_not_found(http):
+    assert rpc(http, "resources/list")["error"] == {
+        "code": -32601,
+        "message": "Method not found: resources/list",
+        "data": None,
+    }
+
+
+def test_tools_list_uses_mcp_camel_case(http):
+    body = rpc(http, "tools/list")
+    assert list(body) == ["jsonrpc", "id", "result"]
+    tools = body["result"]["tools"]
+    assert [t["name"] for t in tools] == ["add", "boom", "nap", "peek"]  # simulation mode shows 'peek'
+    assert tools[0]["inputSchema"]["properties"]["a"] == {"type": "integer"}
+    assert tools[0]["description"] == "Add two numbers."
+
+
+def test_tools_call_result_carries_both_key_styles(http):
+    result = rpc(http, "tools/call", {"name": "add", "arguments": {"a": 1, "b": 4}})["result"]
+    assert result["data"] == 5
+    assert result["structured_content"] == result["structuredContent"] == {"result": 5}
+    assert result["is_error"] is False and result["isError"] is False
+    assert result["content"] == [{"type": "text", "text": "5"}]
+
+
+def test_tool_failures_are_jsonrpc_errors_for_openenv_clients(http):
+    body = rpc(http, "tools/call", {"name": "boom"})
+    assert body["error"]["code"] == -32603
+    assert body["error"]["message"] == "Error calling tool 'boom': kaboom"
+    assert rpc(http, "tools/call", {"name": "nope"})["error"]["message"] == "Unknown tool: 'nope'"
+    assert rpc(http, "tools/call", {"arguments": {}})["error"] == {
+        "code": -32602,
+        "message": "Missing 'name' in params",
+        "data": None,
+    }
+
+
+def test_session_create_call_and_close(http):
+    session_id = rpc(http, "openenv/session/create")["result"]["session_id"]
+    rpc(http, "tools/call", {"name": "add", "arguments": {"a": 1}, "session_id": session_id})
+    rpc(http, "tools/call", {"name": "add", "arguments": {"a": 1}, "session_id": session_id})
+    assert rpc(http, "tools/call", {"name": "peek", "session_id": session_id})["result"]["data"] == 2  # state persists
+    assert rpc(http, "openenv/session/close", {"session_id": session_id})["result"] == {
+        "session_id": session_id,
+        "closed": True,
+    }
+    assert rpc(http, "openenv/session/close", {"session_id": session_id})["error"] == {
+        "code": -32602,
+        "message": f"Unknown session_id: {session_id}",
+        "data": None,
+    }
+    assert rpc(http, "openenv/session/close", {})["error"]["message"] == "Invalid params - 'session_id' is required"
+    assert rpc(http, "tools/list", {"session_id": "nope"})["error"]["code"] == -32602
+
+
+def test_stateless_calls_use_a_fresh_env_each_time(http):
+    rpc(http, "tools/call", {"name": "add", "arguments": {"a": 1}})
+    assert rpc(http, "tools/call", {"name": "peek"})["result"]["data"] == 0
+    assert TRACKER.alive == 0
+
+
+def test_session_create_at_capacity_is_server_error():
+    with serve(tool_app(max_concurrent_envs=1)) as server, httpx.Client(base_url=server.base_url) as http:
+        rpc(http, "openenv/session/create")
+        error = rpc(http, "openenv/session/create")["error"]
+        assert error["code"] == -32000
+        assert error["data"] == {"active_sessions": 1, "max_sessions": 1}
+
+
+async def test_websocket_attaches_to_an_http_session_once(tool_server, http):
+    session_id = rpc(http, "openenv/session/create")["result"]["session_id"]
+    base = tool_server.base_url.replace("http://", "ws://")
+    async with connect(f"{base}/ws?session_id={session_id}") as ws:
+        await ws.send(
+            json.dumps({"type": "step", "data": {"type": "call_tool", "tool_name": "add", "arguments": {"a": 3}}})
+        )
+        reply = json.loads(await ws.recv())
+        assert reply["data"]["observation"]["result"]["data"] == 5
+        async with connect(f"{base}/ws?session_id={session_id}") as second:
+            refused = json.loads(await second.recv())
+            assert refused["data"]["code"] == "SESSION_ERROR"
+            assert "already attached" in refused["data"]["message"]
+        # the HTTP side sees the same environment
+        assert rpc(http, "tools/call", {"name": "peek", "session_id": session_id})["result"]["data"] == 1
+        # closing an attached session is deferred until the socket lets go
+        assert rpc(http, "openenv/session/close", {"session_id": session_id})["result"] == {
+            "session_id": session_id,
+            "closed": False,
+            "closing": True,
+        }
+    await asyncio.sleep(0.2)
+    assert rpc(http, "tools/list", {"session_id": session_id})["error"]["code"] == -32602
+
+
+async def test_detached_session_survives_its_socket(tool_server, http):
+    session_id = rpc(http, "openenv/session/create")["result"]["session_id"]
+    base = tool_server.base_url.replace("http://", "ws://")
+    async with connect(f"{base}/ws?session_id={session_id}") as ws:
+        await ws.send(json.dumps({"type": "reset"}))
+        await ws.recv()
+    await asyncio.sleep(0.1)
+    assert "result" in rpc(http, "tools/list", {"session_id": session_id})
+
+
+async def test_mcp_frames_on_ws_act_on_the_socket_session(tool_server):
+    base = tool_server.base_url.replace("http://", "ws://")
+    async with connect(f"{base}/ws") as ws:
+
+        async def call(method, params=None):
+            await ws.send(
+                json.dumps(
+                    {"type": "mcp", "data": {"jsonrpc": "2.0", "id": 7, "method": method, "params": params or {}}}
+                )
+            )
+            return json.loads(await ws.recv())
+
+        reply = await call("tools/call", {"name": "add", "arguments": {"a": 1}})
+        assert reply["type"] == "mcp"
+        assert reply["data"]["result"]["data"] == 3
+        assert (await call("tools/call", {"name": "peek"}))["data"]["result"]["data"] == 1
+        created = await call("openenv/session/create")
+        assert created["data"]["result"]["session_id"]  # the socket's own session
+        await ws.send(json.dumps({"type": "mcp", "data": {"method": "tools/list"}}))
+        assert json.loads(await ws.recv())["data"]["error"]["code"] == -32600
+
+
+async def test_websocket_mcp_endpoint():
+    with serve(tool_app()) as server:
+        async with connect(server.base_url.replace("http://", "ws://") + "/mcp") as ws:
+            await ws.send(
+                json.dumps(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": 1,
+                        "method": "tools/call",
+                        "params": {"name": "add", "arguments": {"a": 5}},
+                    }
+                )
+            )
+            assert json.loads(await ws.recv())["result"]["data"] == 7
+            await ws.send("nope")
+            assert json.loads(await ws.recv())["error"]["code"] == -32700
+            await ws.send(json.dumps({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "peek"}}))
+            assert json.loads(await ws.recv())["result"]["data"] == 1
+        await asyncio.sleep(0.1)
+        assert server.server.config.app.state.openenv_server.active_sessions == 0
+
+
+def test_legacy_environment_answers_mcp_through_step():
+    app = create_app(LegacyToolEnv, CallToolAction, CallToolObservation, max_concurrent_envs=2)
+    with serve(app) as server, httpx.Client(base_url=server.base_url) as http:
+        tools = rpc(http, "tools/list")["result"]["tools"]
+        assert tools == [
+            {
+                "name": "shout",
+                "description": "Upper-case",
+                "input_schema": {"type": "object"},
+                "inputSchema": {"type": "object"},
+            }
+        ]
+        result = rpc(http, "tools/call", {"name": "shout", "arguments": {"text": "hi"}})["result"]
+        assert result["result"] == "HI"
+        assert result["tool_name"] == "shout"
+
+
+def test_non_mcp_environment_says_so():
+    from .conftest import counter_app
+
+    with serve(counter_app()) as server, httpx.Client(base_url=server.base_url) as http:
+        assert rpc(http, "tools/list")["error"] == {
+            "code": -32603,
+            "message": "Environment does not support MCP",
+            "data": None,
+        }
+
+
+# --- standard MCP clients ---------------------------------------------------------------------
+
+
+def test_mcp_lifecycle_methods(http):
+    response = http.post(
+        "/mcp",
+        json={
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "1"},
+            },
+        },
+    )
+    result = response.json()["result"]
+    assert result["protocolVersion"] == "2025-06-18"
+    assert result["capabilities"] == {"tools": {"listChanged": False}}
+    assert result["serverInfo"]["name"] == "tools"
+    session_id = response.headers["mcp-session-id"]
+    headers = {"mcp-session-id": session_id, "mcp-protocol-version": "2025-06-18"}
+    assert (
+        http.post("/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers).status_code
+        == 202
+    )
+    assert http.post("/mcp", json={"jsonrpc": "2.0", "id": 2, "method": "ping"}, headers=headers).json()["result"] == {}
+    # MCP dialect: a failing tool is a result with isError, not a JSON-RPC error
+    failed = http.post(
+        "/mcp", json={"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "boom"}}, headers=headers
+    ).json()["result"]
+    assert failed["isError"] is True
+    assert "kaboom" in failed["content"][0]["text"]
+    assert http.get("/mcp").status_code == 405
+    assert http.delete("/mcp", headers={"mcp-session-id": session_id}).status_code == 204
+    assert http.post("/mcp", json={"jsonrpc": "2.0", "id": 4, "method": "ping"}, headers=headers).status_code == 404
+
+
+async def test_the_official_mcp_sdk_client_lists_and_calls_tools(tool_server):
+    mcp = pytest.importorskip("mcp")
+    url = tool_server.base_url + "/mcp"
+    if hasattr(mcp, "Client"):  # mcp >= 2
+        async with mcp.Client(url) as client:
+            tools = await client.list_tools()
+            result = await client.call_tool("add", {"a": 20, "b": 22})
+            again = await client.call_tool("peek", {})
+            failed = await client.call_tool("boom", {})
+    else:  # mcp 1.x
+        from mcp.client.streamable_http import streamablehttp_client
+
+        async with streamablehttp_client(url) as (read, write, _), mcp.ClientSession(read, write) as client:
+            await client.initialize()
+            tools = await client.list_tools()
+            result = await client.call_tool("add", {"a": 20, "b": 22})
+            again = await client.call_tool("peek", {})
+            failed = await client.call_tool("boom", {})
+    assert [t.name for t in tools.tools] == ["add", "boom", "nap", "peek"]
+    assert result.content[0].text == "42"
+    assert not result.is_error if hasattr(result, "is_error") else not result.isError
+    assert again.content[0].text == "1"  # one MCP session = one environment instance
+    assert (failed.is_error if hasattr(failed, "is_error") else failed.isError) is True
