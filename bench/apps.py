@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from typing import Any, Optional
 
 from fastapi import WebSocket
@@ -21,6 +22,7 @@ MAX_SESSIONS = 2048
 
 class PingAction(Action):
     message: str = ""
+    sleep_s: float = 0.0
 
 
 class PingObservation(Observation):
@@ -41,6 +43,8 @@ class TrivialEnv(Environment[PingAction, PingObservation, State]):
         return PingObservation(echoed="ready", reward=0.0)
 
     def step(self, action: PingAction, timeout_s: Optional[float] = None, **kwargs: Any) -> PingObservation:
+        if action.sleep_s:
+            time.sleep(action.sleep_s)
         self._state.step_count += 1
         return PingObservation(echoed=action.message, reward=1.0)
 
@@ -58,7 +62,9 @@ class AsyncTrivialEnv(TrivialEnv):
         return self.reset(seed, episode_id)
 
     async def step_async(self, action: PingAction, timeout_s: Optional[float] = None, **kwargs: Any) -> PingObservation:
-        return self.step(action)
+        if action.sleep_s:
+            await asyncio.sleep(action.sleep_s)
+        return self.step(action.model_copy(update={"sleep_s": 0.0}))
 
 
 def null_app() -> Any:

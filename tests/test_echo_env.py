@@ -82,3 +82,39 @@ def test_environment_used_in_process():
     from openenv.core.env_server.types import Action
 
     assert "CallToolAction or ListToolsAction" in env.step(Action()).metadata["error"]
+
+
+def test_served_from_its_directory_by_the_manifest_app_field():
+    """Spec §12.14: the server starts as `uvicorn <app of openenv.yaml>` from the package directory."""
+    import httpx
+    import yaml
+
+    package = Path(__file__).resolve().parents[1] / "envs" / "echo_env"
+    app_path = yaml.safe_load((package / "openenv.yaml").read_text())["app"]
+    assert app_path == "server.app:app"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            app_path,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        cwd=package,
+    )
+    try:
+        wait_healthy(url, server)
+        assert httpx.get(url + "/health").json() == {"status": "healthy"}
+        with EchoEnv(base_url=url).sync() as env:
+            assert env.reset().observation.echoed_message == "Echo environment ready!"
+            assert env.call_tool("echo_message", message="from the manifest") == "from the manifest"
+    finally:
+        server.terminate()
+        server.wait(10)

@@ -390,3 +390,18 @@ async def test_the_official_mcp_sdk_client_lists_and_calls_tools(tool_server):
     assert not result.is_error if hasattr(result, "is_error") else not result.isError
     assert again.content[0].text == "1"  # one MCP session = one environment instance
     assert (failed.is_error if hasattr(failed, "is_error") else failed.isError) is True
+
+
+async def test_mcp_client_refused_at_capacity_raises_a_runtime_error():
+    from openenv.core.client_errors import CapacityReachedError
+    from openenv.core.mcp_client import MCPToolClient
+
+    with serve(tool_app(max_concurrent_envs=1)) as server:
+        async with MCPToolClient(base_url=server.base_url) as first:
+            await first.reset()
+            second = MCPToolClient(base_url=server.base_url)
+            with pytest.raises(CapacityReachedError) as refused:
+                await second.reset()
+            assert isinstance(refused.value, RuntimeError)
+            assert refused.value.details == {"active_sessions": 1, "max_sessions": 1}
+            await second.close()

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional
 
 from pydantic import ConfigDict
 
-from .client_errors import ToolCallError
+from .client_errors import CapacityReachedError, SessionError, ToolCallError
 from .client_types import StepResult
 from .env_client import EnvClient
 from .env_server.mcp_types import (
@@ -134,8 +134,11 @@ class MCPClientBase(EnvClient[Any, Observation, State]):
             body = await self._http_rpc(endpoint, "openenv/session/create", {})
         except Exception as exc:
             raise ConnectionError(f"Failed to create MCP session at {endpoint.http_url}/mcp: {exc}") from exc
-        if body.get("error"):
-            raise ConnectionError(f"Failed to create MCP session: {body['error'].get('message')}")
+        error = body.get("error")
+        if error:
+            data = error.get("data") if isinstance(error.get("data"), dict) else {}
+            cls = CapacityReachedError if "max_sessions" in data else SessionError
+            raise cls(f"Failed to create MCP session: {error.get('message')}", cls.code, data)
         self._production_session_id = body["result"]["session_id"]
 
     def _ws_path(self) -> str:

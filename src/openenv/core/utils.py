@@ -38,9 +38,7 @@ def parse_endpoint(base_url: str) -> Endpoint:
     if not url:
         raise ValueError("base_url is empty")
     if url.startswith("unix:"):
-        path = url[len("unix:") :]
-        while path.startswith("//"):
-            path = path[1:]
+        path = url[len("unix://") :] if url.startswith("unix://") else url[len("unix:") :]
         if not path.startswith("/"):
             raise ValueError(f"unix socket URL must name an absolute path, like unix:///tmp/env.sock; got {base_url!r}")
         return Endpoint("http://localhost", "ws://localhost", uds=path)

@@ -31,8 +31,8 @@ from .exceptions import (
 from .interfaces import Environment
 from .mcp_endpoint import MCPDispatcher
 from .mcp_types import JsonRpcErrorCode, JsonRpcRequest, JsonRpcResponse
-from .serialization import deserialize_action, dumps_json, serialize_observation, to_jsonable
-from .sessions import Session, SessionClosedError, SessionKind, SessionManager, SessionState
+from .serialization import deserialize_action, dumps_json, parse_json, serialize_observation, to_jsonable
+from .sessions import Session, SessionClosedError, SessionKind, SessionManager
 from .types import (
     Action,
     ConcurrencyConfig,
@@ -53,7 +53,7 @@ from .types import (
     StepRequest,
     StepResponse,
 )
-from .ws_endpoint import WSConnection
+from .ws_endpoint import WSEndpoint
 
 logger = logging.getLogger("openenv.server")
 
@@ -187,10 +187,7 @@ class HTTPEnvServer:
     async def _target(self, session_id: Optional[str]) -> AsyncIterator[Session]:
         """The named session, or a throw-away one for a stateless call."""
         if session_id:
-            session = self.manager.get(str(session_id))
-            if session.state is SessionState.CREATING:
-                raise SessionCreationError("initializing", f"Session {session_id} is still initializing; retry shortly")
-            yield session
+            yield self.manager.get(str(session_id))
             return
         async with self.manager.temporary() as session:
             self.prepare_session(session)
@@ -244,9 +241,7 @@ class HTTPEnvServer:
         self._register_mcp_routes(app)
         self._register_task_routes(app)
 
-        @app.websocket("/ws")
-        async def websocket_endpoint(websocket: WebSocket) -> None:
-            await WSConnection(self, websocket).run()
+        app.add_middleware(WSEndpoint, server=self)
 
     def _install_shutdown(self, app: FastAPI) -> None:
         previous = app.router.lifespan_context
@@ -364,7 +359,7 @@ class HTTPEnvServer:
                     )
                 )
             try:
-                raw = json.loads(body)
+                raw = parse_json(body.decode())
             except ValueError:
                 return _rpc(JsonRpcResponse.error_response(JsonRpcErrorCode.PARSE_ERROR, "Parse error"))
             if isinstance(raw, list):
@@ -395,6 +390,10 @@ class HTTPEnvServer:
                             JsonRpcErrorCode.INVALID_PARAMS, f"Unknown MCP session: {header_session}", None, rpc.id
                         ),
                         status=404,
+                    )
+                except SessionCreationError as exc:
+                    return _rpc(
+                        JsonRpcResponse.error_response(JsonRpcErrorCode.INVALID_REQUEST, exc.message, None, rpc.id)
                     )
             elif rpc.method == "initialize":
                 try:
@@ -485,7 +484,7 @@ class HTTPEnvServer:
                 f"Message exceeds the server's limit of {self.max_message_chars} characters",
             )
         try:
-            raw = json.loads(text)
+            raw = parse_json(text)
         except ValueError as exc:
             return JsonRpcResponse.error_response(JsonRpcErrorCode.PARSE_ERROR, f"Parse error: {exc}")
         try:

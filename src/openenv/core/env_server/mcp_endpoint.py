@@ -174,10 +174,8 @@ class MCPDispatcher:
                 session = self.manager.get(session_id)
             except SessionNotFoundError:
                 raise _RpcError(JsonRpcErrorCode.INVALID_PARAMS, f"Unknown session_id: {session_id}") from None
-            if session.env is None and session.state.value == "creating":
-                raise _RpcError(
-                    JsonRpcErrorCode.INVALID_REQUEST, f"Session {session_id} is still initializing; retry shortly"
-                )
+            except SessionCreationError as exc:
+                raise _RpcError(JsonRpcErrorCode.INVALID_REQUEST, exc.message) from None
         if session is not None:
             return await operation(session)
         async with self.manager.temporary() as temporary:

@@ -16,6 +16,9 @@ from .mcp_types import CallToolAction, ListToolsAction
 from .types import Action, Observation
 
 _REWARD_DONE = {"reward", "done"}
+
+MAX_JSON_DEPTH = 100
+"""Deepest nesting of objects and arrays accepted in a message."""
 _MCP_ACTION_CLASSES = {"list_tools": ListToolsAction, "call_tool": CallToolAction}
 _MCP_INTERCEPTING = (Action, ListToolsAction, CallToolAction)
 
@@ -27,6 +30,32 @@ def _json_fallback(value: Any) -> Any:
     if isinstance(value, (set, frozenset)):
         return list(value)
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def json_depth(value: Any) -> int:
+    """Nesting depth of decoded JSON (a scalar is 0, ``[]`` is 1)."""
+    depth, level = 0, [(value, 1)]
+    while level:
+        item, d = level.pop()
+        if isinstance(item, dict):
+            item = item.values()
+        elif not isinstance(item, list):
+            continue
+        depth = max(depth, d)
+        level.extend((child, d + 1) for child in item if isinstance(child, (dict, list)))
+    return depth
+
+
+def parse_json(text: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """``json.loads`` with a bound on nesting; raises ValueError with a readable reason."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"nesting deeper than {max_depth} levels") from None
+    # Depth can only exceed the number of brackets; counting them is cheap, walking is not.
+    if text.count("{") + text.count("[") > max_depth and json_depth(value) > max_depth:
+        raise ValueError(f"nesting deeper than {max_depth} levels")
+    return value
 
 
 def to_json_bytes(value: Any) -> bytes:

@@ -246,9 +246,16 @@ class SessionManager:
         return ServerCapacityStatus.from_counts(min(len(self._sessions), self.max_sessions), self.max_sessions)
 
     def get(self, session_id: str) -> Session:
+        """The session named ``session_id``, ready for calls.
+
+        Raises :class:`SessionNotFoundError` when there is none, and :class:`SessionCreationError`
+        while its environment is still being built.
+        """
         session = self._sessions.get(session_id)
         if session is None:
             raise SessionNotFoundError(session_id)
+        if session.state is SessionState.CREATING:
+            raise SessionCreationError("initializing", f"Session {session_id} is still initializing; retry shortly")
         return session
 
     def session_info(self, session_id: str) -> Optional[SessionInfo]:
@@ -327,8 +334,6 @@ class SessionManager:
     def attach(self, session_id: str) -> Session:
         """Attach a socket to a detached session (one socket at a time)."""
         session = self.get(session_id)
-        if session.state is SessionState.CREATING:
-            raise SessionCreationError("initializing", f"Session {session_id} is still initializing; retry shortly")
         if session.state is not SessionState.READY:
             raise SessionNotFoundError(session_id)
         if session.attached:
@@ -347,8 +352,6 @@ class SessionManager:
     async def request_close(self, session_id: str) -> Dict[str, Any]:
         """``openenv/session/close``: close now, or once the attached socket lets go."""
         session = self.get(session_id)
-        if session.state is SessionState.CREATING:
-            raise SessionCreationError("initializing", f"Session {session_id} is still initializing; retry shortly")
         if session.attached:
             session.close_requested = True
             return {"session_id": session_id, "closed": False, "closing": True}

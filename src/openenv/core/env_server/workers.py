@@ -31,6 +31,7 @@ class Job:
         "future",
         "loop",
         "outcome",
+        "returned",
         "started",
     )
 
@@ -44,6 +45,7 @@ class Job:
         self.started = False  # written by the worker (False -> True only), read under the pool lock
         self.abandoned = False  # written on the loop
         self.counted_stuck = False  # guarded by the pool's lock
+        self.returned = False  # guarded by the pool's lock: the worker is done with the call
         self.done = False  # written on the loop, once the call has returned (or was skipped)
         self.outcome: Optional[tuple] = None  # (ok, value), kept even when the future was cancelled
         self._callbacks: Optional[List[Callable[[], Any]]] = None
@@ -128,7 +130,7 @@ class WorkerPool:
             return
         job.abandoned = True
         with self._lock:
-            if job.started and not job.counted_stuck:
+            if job.started and not job.returned and not job.counted_stuck:
                 job.counted_stuck = True
                 self._stuck += 1
 
@@ -155,6 +157,7 @@ class WorkerPool:
                 except BaseException as exc:  # delivered to the awaiting coroutine
                     outcome = (False, exc)
             with lock:
+                job.returned = True
                 if job.counted_stuck:
                     self._stuck -= 1
                 retire = self._closed or self._threads > self.max_workers + self._stuck

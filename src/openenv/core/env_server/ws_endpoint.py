@@ -13,6 +13,7 @@ import asyncio
 import collections
 import json
 import logging
+import urllib.parse
 from typing import TYPE_CHECKING, Any, Deque, Dict, Optional
 
 import pydantic
@@ -25,13 +26,11 @@ from .exceptions import (
     StepTimeoutError,
 )
 from .mcp_types import JsonRpcErrorCode, JsonRpcRequest, JsonRpcResponse, WSMCPMessage
-from .serialization import deserialize_action, dumps_json, observation_payload_json, to_json_bytes
+from .serialization import deserialize_action, dumps_json, observation_payload_json, parse_json, to_json_bytes
 from .sessions import Session, SessionClosedError, SessionKind
 from .types import ResetRequest, WSErrorCode, WSResetMessage, WSStateMessage, WSStepMessage
 
 if TYPE_CHECKING:  # pragma: no cover
-    from starlette.websockets import WebSocket
-
     from .http_server import HTTPEnvServer
 
 logger = logging.getLogger("openenv.server")
@@ -109,51 +108,102 @@ class _Inbox:
 CLOSE = _Close()
 
 
-class WSConnection:
-    """Serves one ``/ws`` connection."""
+class WSEndpoint:
+    """ASGI middleware serving ``/ws`` itself, ahead of the framework's routing and exception
+    wrappers (they would add a layer to every frame sent); everything else passes through."""
 
-    def __init__(self, server: HTTPEnvServer, websocket: WebSocket) -> None:
+    def __init__(self, app: Any, server: HTTPEnvServer) -> None:
+        self.app = app
+        self.server = server
+
+    async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket" and _route_path(scope) == "/ws":
+            await WSConnection(self.server, scope, receive, send).run()
+        else:
+            await self.app(scope, receive, send)
+
+
+def _route_path(scope: Dict[str, Any]) -> str:
+    path: str = scope["path"]
+    root = scope.get("root_path", "")
+    return path[len(root) :] if root and path.startswith(root) else path
+
+
+class WSConnection:
+    """Serves one ``/ws`` connection over raw ASGI ``receive``/``send``."""
+
+    def __init__(self, server: HTTPEnvServer, scope: Dict[str, Any], receive: Any, send: Any) -> None:
         self.server = server
         self.manager = server.manager
-        self.ws = websocket
+        self.scope = scope
+        self.receive = receive
+        self.send = send
         self.session: Optional[Session] = None
         self.max_chars = server.max_message_chars
+        self._disconnected = False
+        self._processing = False
+
+    async def _close(self, code: int) -> None:
+        try:
+            await self.send({"type": "websocket.close", "code": code})
+        except Exception:
+            pass
 
     async def run(self) -> None:
-        ws = self.ws
-        await ws.accept()
+        if (await self.receive())["type"] != "websocket.connect":
+            return
+        await self.send({"type": "websocket.accept"})
         session = await self._open_session()
         if session is None:
             return
         self.session = session
         inbox = _Inbox()
-        # Reader and processor run as tasks of their own: resuming a coroutine resumes every frame
-        # of its await chain, and this endpoint sits deep under the ASGI middleware stack.
-        loop = asyncio.get_running_loop()
-        processor = loop.create_task(self._process(inbox))
-        reader = loop.create_task(self._read(inbox))
+        # This task processes frames; a second one reads them, so that a disconnect is seen (and
+        # the step in flight cancelled) while a step runs.
+        processor = asyncio.current_task()
+        reader = asyncio.get_running_loop().create_task(self._read(inbox, processor))
+        self._processing = True
         try:
-            await asyncio.wait((reader, processor), return_when=asyncio.FIRST_COMPLETED)
+            await self._process(inbox)
+        except asyncio.CancelledError:
+            if not self._disconnected:
+                raise  # cancelled from outside (server shutdown)
+            if hasattr(processor, "uncancel"):  # Python 3.11+
+                processor.uncancel()  # type: ignore[union-attr]
         finally:
-            for task in (reader, processor):
-                task.cancel()
-            await asyncio.gather(reader, processor, return_exceptions=True)
+            self._processing = False
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+            await self._release()
+
+    async def _release(self) -> None:
+        """Let go of the session, once."""
+        session, self.session = self.session, None
+        if session is not None:
             await self.manager.detach(session)
 
-    async def _read(self, inbox: _Inbox) -> None:
-        receive = self.ws.receive
+    async def _read(self, inbox: _Inbox, processor: Any) -> None:
+        receive = self.receive
         try:
             while True:
                 message = await receive()
                 if message["type"] == "websocket.disconnect":
-                    return
+                    break
+                text = message.get("text")
+                if text is not None and len(text) > self.max_chars:  # free it now, not when its turn comes
+                    message = {"type": "websocket.receive", "oversize": len(text)}
+                    del text
                 if inbox.put(message):
                     await inbox.wait_for_space()
         except Exception:  # the transport failed: same as a disconnect
-            return
+            pass
+        self._disconnected = True
+        if self._processing:
+            processor.cancel()
 
     async def _open_session(self) -> Optional[Session]:
-        session_id = self.ws.query_params.get("session_id")
+        query = urllib.parse.parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
+        session_id = query.get("session_id", [None])[-1]
         try:
             if session_id:
                 return self.manager.attach(session_id)
@@ -179,46 +229,51 @@ class WSConnection:
             frame = error_frame(WSErrorCode.SESSION_ERROR, str(exc) or type(exc).__name__)
             close_code = 1011
         try:
-            await self.ws.send({"type": "websocket.send", "text": frame})
-            await self.ws.close(close_code)
+            await self.send({"type": "websocket.send", "text": frame})
         except Exception:
             pass
+        await self._close(close_code)
         return None
 
     async def _process(self, inbox: _Inbox) -> None:
-        send = self.ws.send
+        send = self.send
         get = inbox.get
         while True:
             message = await get()
             text = message.get("text")
-            if text is None:
-                reply: Any = error_frame(
+            if text is not None:
+                reply: Any = await self.handle_text(text)
+            elif "oversize" in message:
+                reply = self._too_large(message["oversize"])
+            else:
+                reply = error_frame(
                     WSErrorCode.UNSUPPORTED_FRAME,
                     "Binary frames are not supported: send each message as a JSON text frame",
                 )
-            else:
-                reply = await self.handle_text(text)
             if reply is CLOSE:
-                try:
-                    await self.ws.close(1000)
-                except Exception:
-                    pass
+                # Free the slot before the close frame goes out: a client that reconnects as soon as
+                # its close completes must find it free.
+                await self._release()
+                await self._close(1000)
                 return
             try:
                 await send({"type": "websocket.send", "text": reply})
             except Exception:
                 return
 
+    def _too_large(self, size: int) -> str:
+        return error_frame(
+            WSErrorCode.MESSAGE_TOO_LARGE,
+            f"Message of {size} characters exceeds the server's limit of {self.max_chars}",
+            limit=self.max_chars,
+        )
+
     async def handle_text(self, text: str) -> Any:
         """The reply to one text frame (or CLOSE)."""
         if len(text) > self.max_chars:
-            return error_frame(
-                WSErrorCode.MESSAGE_TOO_LARGE,
-                f"Message of {len(text)} characters exceeds the server's limit of {self.max_chars}",
-                limit=self.max_chars,
-            )
+            return self._too_large(len(text))
         try:
-            message = json.loads(text)
+            message = parse_json(text)
         except ValueError as exc:
             return error_frame(WSErrorCode.INVALID_JSON, f"Invalid JSON: {exc}")
         if not isinstance(message, dict):
