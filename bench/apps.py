@@ -45,6 +45,9 @@ class TrivialEnv(Environment[PingAction, PingObservation, State]):
     def step(self, action: PingAction, timeout_s: Optional[float] = None, **kwargs: Any) -> PingObservation:
         if action.sleep_s:
             time.sleep(action.sleep_s)
+        return self._advance(action)
+
+    def _advance(self, action: PingAction) -> PingObservation:
         self._state.step_count += 1
         return PingObservation(echoed=action.message, reward=1.0)
 
@@ -64,7 +67,7 @@ class AsyncTrivialEnv(TrivialEnv):
     async def step_async(self, action: PingAction, timeout_s: Optional[float] = None, **kwargs: Any) -> PingObservation:
         if action.sleep_s:
             await asyncio.sleep(action.sleep_s)
-        return self.step(action.model_copy(update={"sleep_s": 0.0}))
+        return self._advance(action)
 
 
 def null_app() -> Any:
@@ -182,6 +185,15 @@ def main() -> None:
         return
     from openenv.core.env_server.runner import run_server
 
+    if os.environ.get("BENCH_GC"):
+        import gc
+
+        values = os.environ["BENCH_GC"].split(",")
+        if values[0] == "freeze":
+            gc.freeze()
+            values = values[1:]
+        if values:
+            gc.set_threshold(*(int(x) for x in values))
     loop = os.environ.get("BENCH_LOOP", "auto")
     run_server(make_app(name), port=port, log_level="warning", access_log=False, loop=loop)
 

@@ -405,3 +405,66 @@ async def test_mcp_client_refused_at_capacity_raises_a_runtime_error():
             assert isinstance(refused.value, RuntimeError)
             assert refused.value.details == {"active_sessions": 1, "max_sessions": 1}
             await second.close()
+
+
+# --- direct dispatch gives what FastMCP gives ---------------------------------------------------
+
+
+def _values_tool_env():
+    from pydantic import BaseModel
+
+    class Point(BaseModel):
+        x: int
+        y: int
+
+    server = FastMCP("values")
+    values = {
+        "text": "hello",
+        "number": 7,
+        "ratio": 0.25,
+        "flag": True,
+        "nothing": None,
+        "mapping": {"a": [1, 2, {"b": None}], "c": "d"},
+        "items": [1, "two", 3.0],
+        "point": Point(x=1, y=2),
+        "raw": b"bytes",
+        "nan": float("nan"),
+    }
+    for key, value in values.items():
+        server.tool(lambda value=value: value, name=f"ret_{key}")
+        server.tool(lambda value=value: value, name=f"plain_{key}", output_schema=None)
+
+    class ValuesEnv(MCPEnvironment):
+        def reset(self, seed=None, episode_id=None, **kwargs):
+            return Observation()
+
+        def _step_impl(self, action, timeout_s=None, **kwargs):
+            return Observation()
+
+        @property
+        def state(self):
+            return None
+
+    return ValuesEnv(server), values
+
+
+async def test_direct_tool_results_equal_fastmcps_own():
+    from openenv.core.env_server.mcp_direct import tool_result_payload
+    from openenv.core.env_server.mcp_environment import ToolCallFailed
+
+    env, values = _values_tool_env()
+    for key in values:
+        for prefix in ("ret", "plain"):
+            name = f"{prefix}_{key}"
+            try:
+                expected = tool_result_payload(await env.mcp_server.call_tool(name, {}))
+            except Exception as exc:  # FastMCP refuses (e.g. NaN): so must we
+                with pytest.raises(ToolCallFailed):
+                    await env.call_tool_payload(name, {})
+                assert "nan" in key, exc
+                continue
+            for _ in range(2):  # the first call verifies, the second takes the direct way
+                assert await env.call_tool_payload(name, {}) == expected, name
+            direct = await env._direct.get(name)
+            takes_direct_way = direct.verified[type(values[key])]
+            assert takes_direct_way is (key not in ("point", "raw")), name  # models and bytes stay with FastMCP

@@ -11,11 +11,12 @@ call) unless the request names a session created with ``openenv/session/create``
 from __future__ import annotations
 
 import contextlib
+import gc
 import inspect
 import json
 import logging
 import os
-from typing import Any, AsyncIterator, Callable, Dict, Optional, Type, Union
+from typing import Any, AsyncIterator, Callable, Dict, Iterator, Optional, Type, Union
 
 import pydantic
 from fastapi import Body, FastAPI, Query, Request, WebSocket
@@ -234,7 +235,7 @@ class HTTPEnvServer:
     def register_routes(self, app: FastAPI, mode: Union[ServerMode, str] = ServerMode.SIMULATION) -> None:
         """Add every route to ``app`` (HTTP reset/step/state only in simulation mode)."""
         self.mode = _resolve_mode(mode)
-        self._install_shutdown(app)
+        self._install_lifespan(app)
         if self.mode is ServerMode.SIMULATION:
             self._register_simulation_routes(app)
         self._register_info_routes(app)
@@ -243,17 +244,18 @@ class HTTPEnvServer:
 
         app.add_middleware(WSEndpoint, server=self)
 
-    def _install_shutdown(self, app: FastAPI) -> None:
+    def _install_lifespan(self, app: FastAPI) -> None:
         previous = app.router.lifespan_context
         manager = self.manager
 
         @contextlib.asynccontextmanager
         async def lifespan(application: Any) -> AsyncIterator[Any]:
             async with previous(application) as state:
-                try:
-                    yield state
-                finally:
-                    await manager.shutdown()
+                with _serving_gc():
+                    try:
+                        yield state
+                    finally:
+                        await manager.shutdown()
 
         app.router.lifespan_context = lifespan
 
@@ -359,7 +361,7 @@ class HTTPEnvServer:
                     )
                 )
             try:
-                raw = parse_json(body.decode())
+                raw = parse_json(body)
             except ValueError:
                 return _rpc(JsonRpcResponse.error_response(JsonRpcErrorCode.PARSE_ERROR, "Parse error"))
             if isinstance(raw, list):
@@ -561,6 +563,29 @@ class HTTPEnvServer:
             if isinstance(result, Response):
                 return result
             return {"tasks": to_jsonable(result)}
+
+
+@contextlib.contextmanager
+def _serving_gc() -> Iterator[None]:
+    """Garbage-collector settings for a process that serves environments.
+
+    A server holds many long-lived objects (sessions, sockets, environments) and allocates a few
+    short-lived ones per step; with CPython's defaults the collector keeps rescanning the former
+    (a quarter of the CPU at 512 sessions). While the app is served, objects that exist at start-up
+    are frozen out of collection and young collections run every 10,000 allocations instead of 700.
+    ``OPENENV_GC_TUNING=0`` keeps the interpreter's settings.
+    """
+    if os.environ.get("OPENENV_GC_TUNING", "1") == "0":
+        yield
+        return
+    thresholds = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(10_000, 10, 10)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
 
 
 def _split_entry(split: Any) -> Any:

@@ -20,6 +20,7 @@ import inspect
 from typing import Any, Awaitable, Callable, Dict, Optional
 
 import pydantic
+import pydantic_core
 from fastmcp.tools.function_tool import FunctionTool
 
 _BENIGN_MIDDLEWARE = frozenset({"DereferenceRefsMiddleware"})
@@ -51,16 +52,66 @@ def _tag_body_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+_PLAIN_TYPES = frozenset({str, int, float, bool, dict, list, type(None)})
+
+
+def tool_result_payload(result: Any) -> Dict[str, Any]:
+    """A FastMCP ``ToolResult`` as OpenEnv 0.10 sends it: ``content``, ``structured_content``,
+    ``meta``, ``data`` (the tool's return value when it is known) and ``is_error``."""
+    content = [item.model_dump(mode="json", by_alias=True, exclude_none=True) for item in result.content or ()]
+    structured = getattr(result, "structured_content", None)
+    meta = getattr(result, "meta", None)
+    data: Any = None
+    if isinstance(structured, dict):
+        wrapped = isinstance(meta, dict) and (meta.get("fastmcp") or {}).get("wrap_result")
+        data = structured.get("result") if wrapped else structured
+    elif structured is not None:
+        data = structured
+    return {
+        "content": content,
+        "structured_content": structured,
+        "meta": meta,
+        "data": data,
+        "is_error": bool(getattr(result, "is_error", False)),
+    }
+
+
+def _plain_payload(tool: FunctionTool, value: Any) -> Optional[Dict[str, Any]]:
+    """The payload of a plain JSON value, or None when only FastMCP's conversion will do."""
+    try:
+        encoded = pydantic_core.to_json(value)
+    except Exception:
+        return None
+    if b"NaN" in encoded or b"Infinity" in encoded:
+        return None  # FastMCP refuses non-finite numbers: let it say so
+    structured = (
+        value if isinstance(value, (str, int, float, bool)) or value is None else pydantic_core.from_json(encoded)
+    )
+    content = [] if value is None else [{"type": "text", "text": value if isinstance(value, str) else encoded.decode()}]
+    schema = tool.output_schema
+    meta = None
+    if schema is None:
+        structured_content = structured if isinstance(structured, dict) else None
+    elif schema.get("x-fastmcp-wrap-result"):
+        structured_content = {"result": structured}
+        meta = {"fastmcp": {"wrap_result": True}}
+    else:
+        structured_content = structured
+    data = structured_content.get("result") if meta else structured_content
+    return {"content": content, "structured_content": structured_content, "meta": meta, "data": data, "is_error": False}
+
+
 class DirectTool:
     """One function tool, callable without FastMCP's per-call machinery."""
 
-    __slots__ = ("inline", "is_async", "tool", "validate_and_call")
+    __slots__ = ("inline", "is_async", "tool", "validate_and_call", "verified")
 
     def __init__(self, tool: FunctionTool) -> None:
         self.tool = tool
         self.is_async = inspect.iscoroutinefunction(tool.fn)
         # FastMCP's own switch: a sync tool declared run_in_thread=False is called on the loop.
         self.inline = not self.is_async and getattr(tool, "run_in_thread", True) is False
+        self.verified: Dict[type, bool] = {}
         # A TypeAdapter of a function validates a dict of arguments, then calls the function.
         self.validate_and_call: Callable[[Dict[str, Any]], Any] = pydantic.TypeAdapter(
             _tag_body_errors(tool.fn)
@@ -86,18 +137,35 @@ class DirectTool:
         return set(params) == declared  # anything else is injected by FastMCP
 
     async def call(self, arguments: Dict[str, Any], run_sync: Callable[..., Awaitable[Any]]) -> Any:
-        """The tool's ``ToolResult``; sync tools run through ``run_sync(fn, arg)``.
+        """What the tool function returns; sync tools run through ``run_sync(fn, arg)``.
 
         Raises ``pydantic.ValidationError`` for bad arguments and :class:`ToolBodyError` when the
         tool itself fails.
         """
         if self.is_async:
-            value = await self.validate_and_call(arguments)
-        elif self.inline:
-            value = self.validate_and_call(arguments)
-        else:
-            value = await run_sync(self.validate_and_call, arguments)
-        return self.tool.convert_result(value)
+            return await self.validate_and_call(arguments)
+        if self.inline:
+            return self.validate_and_call(arguments)
+        return await run_sync(self.validate_and_call, arguments)
+
+    def payload(self, value: Any) -> Dict[str, Any]:
+        """The result payload of a returned value, as FastMCP's ``convert_result`` would make it.
+
+        For plain JSON values it is built directly: the first value of each type is converted
+        both ways and the direct way is used only if the two agree.
+        """
+        kind = type(value)
+        agrees = self.verified.get(kind)
+        if agrees is None:
+            fast = _plain_payload(self.tool, value) if kind in _PLAIN_TYPES else None
+            agrees = self.verified[kind] = fast is not None and fast == tool_result_payload(
+                self.tool.convert_result(value)
+            )
+        if agrees:
+            fast = _plain_payload(self.tool, value)
+            if fast is not None:
+                return fast
+        return tool_result_payload(self.tool.convert_result(value))
 
 
 class DirectTools:

@@ -190,7 +190,6 @@ class MCPDispatcher:
         assert session.traits is not None
         if session.traits.mcp:
             tools = await self.manager.call(session, "tools/list", None, lambda env: env.fastmcp_tools())
-            session.touch()
             return {"tools": [_tool_listing(t) for t in tools]}
         if not self._uses_mcp_actions():
             raise _RpcError(JsonRpcErrorCode.INTERNAL_ERROR, "Environment does not support MCP")
@@ -220,14 +219,14 @@ class MCPDispatcher:
             observation = await self.manager.step(session, CallToolAction(tool_name=name, arguments=arguments))
             return observation.model_dump(mode="json")
 
-        from .mcp_environment import ToolCallFailed, tool_result_payload
+        from .mcp_environment import ToolCallFailed
 
         try:
-            result = await self.manager.call(
-                session, "tools/call", None, lambda env: env.call_tool_async(name, arguments)
+            payload = await self.manager.call(
+                session, "tools/call", None, lambda env: env.call_tool_payload(name, arguments), step=True
             )
         except ToolCallFailed as failure:
-            session.touch(step=True)
+            session.touch(step=True)  # a failed call is a step too
             error = failure.error
             if mcp_dialect and error.error_type is not ToolErrorType.TOOL_NOT_FOUND:
                 text = [{"type": "text", "text": error.message}]
@@ -241,8 +240,7 @@ class MCPDispatcher:
                 }
             code = JsonRpcErrorCode.INVALID_PARAMS if mcp_dialect else JsonRpcErrorCode.INTERNAL_ERROR
             raise _RpcError(code, error.message, {"error_type": error.error_type.value}) from None
-        session.touch(step=True)
-        payload = tool_result_payload(result)
+        payload = dict(payload)
         payload["structuredContent"] = payload["structured_content"]
         payload["isError"] = payload["is_error"]
         return payload

@@ -21,7 +21,7 @@ from fastmcp.tools import Tool as FastMCPTool
 
 from ..utils import run_async_safely
 from .interfaces import Environment, Transform
-from .mcp_direct import DirectTool, DirectTools, ToolBodyError
+from .mcp_direct import DirectTool, DirectTools, ToolBodyError, tool_result_payload
 from .mcp_types import (
     RESERVED_TOOL_NAMES,
     CallToolAction,
@@ -58,27 +58,6 @@ class ToolCallFailed(Exception):
     def __init__(self, error: ToolError) -> None:
         self.error = error
         super().__init__(error.message)
-
-
-def tool_result_payload(result: Any) -> Dict[str, Any]:
-    """A FastMCP ``ToolResult`` as OpenEnv 0.10 sends it: ``content``, ``structured_content``,
-    ``meta``, ``data`` (the tool's return value when it is known) and ``is_error``."""
-    content = [item.model_dump(mode="json", by_alias=True, exclude_none=True) for item in result.content or ()]
-    structured = getattr(result, "structured_content", None)
-    meta = getattr(result, "meta", None)
-    data: Any = None
-    if isinstance(structured, dict):
-        wrapped = isinstance(meta, dict) and (meta.get("fastmcp") or {}).get("wrap_result")
-        data = structured.get("result") if wrapped else structured
-    elif structured is not None:
-        data = structured
-    return {
-        "content": content,
-        "structured_content": structured,
-        "meta": meta,
-        "data": data,
-        "is_error": bool(getattr(result, "is_error", False)),
-    }
 
 
 def _classify(exc: BaseException, name: str) -> ToolError:
@@ -201,11 +180,22 @@ class MCPEnvironment(Environment):
         self, name: str, arguments: Optional[Dict[str, Any]] = None, timeout_s: Optional[float] = None
     ) -> Any:
         """Call a tool and return FastMCP's ``ToolResult``; failures raise :class:`ToolCallFailed`."""
-        arguments = arguments or {}
+        return await self._guarded_call(name, arguments or {}, timeout_s, as_payload=False)
+
+    async def call_tool_payload(
+        self, name: str, arguments: Optional[Dict[str, Any]] = None, timeout_s: Optional[float] = None
+    ) -> Dict[str, Any]:
+        """Call a tool and return its result as OpenEnv sends it (see :func:`tool_result_payload`);
+        failures raise :class:`ToolCallFailed`."""
+        return await self._guarded_call(name, arguments or {}, timeout_s, as_payload=True)
+
+    async def _guarded_call(
+        self, name: str, arguments: Dict[str, Any], timeout_s: Optional[float], as_payload: bool
+    ) -> Any:
         timeout = timeout_s or MCP_TOOL_CALL_TIMEOUT
         try:
             async with _deadline(timeout):
-                return await self._call_tool(name, arguments)
+                return await self._call_tool(name, arguments, as_payload)
         except asyncio.TimeoutError:
             message = f"Tool '{name}' timed out after {timeout:g} seconds"
             raise ToolCallFailed(ToolError(error_type=ToolErrorType.TIMEOUT, message=message)) from None
@@ -215,17 +205,20 @@ class MCPEnvironment(Environment):
         except Exception as exc:
             raise ToolCallFailed(_classify(exc, name)) from exc
 
-    async def _call_tool(self, name: str, arguments: Dict[str, Any]) -> Any:
+    async def _call_tool(self, name: str, arguments: Dict[str, Any], as_payload: bool) -> Any:
         mode_tool = self._visible_mode_tools().get(name)
         if mode_tool is not None:
             direct = self._direct_mode_tools.get(name)
-            if direct is not None:
-                return await direct.call(arguments, self._run_sync)
-            return await mode_tool.run(arguments)
-        direct = await self._direct.get(name)
+        else:
+            direct = await self._direct.get(name)
         if direct is not None:
-            return await direct.call(arguments, self._run_sync)
-        return await self.mcp_server.call_tool(name, arguments)
+            value = await direct.call(arguments, self._run_sync)
+            return direct.payload(value) if as_payload else direct.tool.convert_result(value)
+        if mode_tool is not None:
+            result = await mode_tool.run(arguments)
+        else:
+            result = await self.mcp_server.call_tool(name, arguments)
+        return tool_result_payload(result) if as_payload else result
 
     async def _run_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run a sync tool off the event loop: in the server's worker pool when served."""
@@ -243,10 +236,10 @@ class MCPEnvironment(Environment):
         self, action: CallToolAction, timeout_s: Optional[float] = None
     ) -> CallToolObservation:
         try:
-            result = await self.call_tool_async(action.tool_name, action.arguments, timeout_s)
+            payload = await self.call_tool_payload(action.tool_name, action.arguments, timeout_s)
         except ToolCallFailed as failure:
             return CallToolObservation(tool_name=action.tool_name, error=failure.error)
-        return CallToolObservation(tool_name=action.tool_name, result=tool_result_payload(result))
+        return CallToolObservation(tool_name=action.tool_name, result=payload)
 
     async def _after_mcp_action(self, action: Action, observation: Observation) -> Observation:
         """Runs after every ``ListToolsAction`` / ``CallToolAction``: the rubric's score becomes

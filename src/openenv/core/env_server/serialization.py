@@ -8,7 +8,7 @@ observation keeps its ``metadata`` and a non-empty ``metadata`` is also copied t
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, Type
+from typing import Any, Dict, Type, Union
 
 import pydantic_core
 
@@ -46,14 +46,12 @@ def json_depth(value: Any) -> int:
     return depth
 
 
-def parse_json(text: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
-    """``json.loads`` with a bound on nesting; raises ValueError with a readable reason."""
-    try:
-        value = json.loads(text)
-    except RecursionError:
-        raise ValueError(f"nesting deeper than {max_depth} levels") from None
+def parse_json(text: Union[str, bytes], max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Decode JSON with a bound on nesting; raises ValueError with a readable reason."""
+    value = pydantic_core.from_json(text)  # its own recursion limit (about 200) raises ValueError too
     # Depth can only exceed the number of brackets; counting them is cheap, walking is not.
-    if text.count("{") + text.count("[") > max_depth and json_depth(value) > max_depth:
+    brackets = (b"{", b"[") if isinstance(text, (bytes, bytearray)) else ("{", "[")
+    if text.count(brackets[0]) + text.count(brackets[1]) > max_depth and json_depth(value) > max_depth:
         raise ValueError(f"nesting deeper than {max_depth} levels")
     return value
 

@@ -19,6 +19,7 @@ through one :class:`SessionManager`. It owns:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import inspect
@@ -28,7 +29,7 @@ import sys
 import time
 import uuid
 from enum import Enum
-from typing import Any, AsyncIterator, Callable, Dict, FrozenSet, Optional, Set
+from typing import Any, AsyncIterator, Awaitable, Callable, Deque, Dict, FrozenSet, Optional, Set
 
 from .exceptions import (
     ConcurrencyConfigurationError,
@@ -47,6 +48,8 @@ DEFAULT_DETACHED_SESSION_TIMEOUT_S = 300.0
 """Idle seconds after which a session with no socket attached is closed, unless configured."""
 
 CLOSE_TIMEOUT_S = 30.0
+
+_MCP_ACTIONS = ("list_tools", "call_tool")
 
 
 class SessionState(str, Enum):
@@ -68,6 +71,46 @@ class SessionKind(str, Enum):
     SOCKET = "socket"  # created by a WebSocket and destroyed with it
     DETACHED = "detached"  # created over HTTP; sockets may attach to it one at a time
     TEMPORARY = "temporary"  # one stateless HTTP call; never listed, never counted
+
+
+class SessionLock:
+    """Serialises the calls on one session (FIFO); acquiring it uncontended costs no await."""
+
+    __slots__ = ("_busy", "_waiters")
+
+    def __init__(self) -> None:
+        self._busy = False
+        self._waiters: Deque[asyncio.Future] = collections.deque()
+
+    def locked(self) -> bool:
+        return self._busy
+
+    def acquire(self) -> Optional[asyncio.Future]:
+        """None when acquired at once; else a future that resolves once the lock is ours."""
+        if not self._busy:
+            self._busy = True
+            return None
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        return waiter
+
+    async def wait(self, waiter: asyncio.Future) -> None:
+        """Await a waiter from :meth:`acquire`; if cancelled after being handed the lock, pass it on."""
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()
+            raise
+
+    def release(self) -> None:
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # ownership passes straight to the waiter
+                return
+        self._busy = False
 
 
 class SessionClosedError(SessionNotFoundError):
@@ -105,7 +148,7 @@ class Session:
         self.step_count = 0
         self.attached = kind is SessionKind.SOCKET
         self.close_requested = False
-        self.lock = asyncio.Lock()
+        self.lock = SessionLock()
         self.inflight: Optional[Job] = None
         self.data: Dict[str, Any] = {}  # per-session scratch space for protocol adapters
 
@@ -365,10 +408,15 @@ class SessionManager:
         session.transition(SessionState.CLOSING)
         if self._sessions.get(session.id) is session:
             del self._sessions[session.id]
-        async with session.lock:
+        waiter = session.lock.acquire()
+        if waiter is not None:
+            await session.lock.wait(waiter)
+        try:
             env, session.env = session.env, None
             job, session.inflight = session.inflight, None
             session.transition(SessionState.CLOSED)
+        finally:
+            session.lock.release()
         if env is not None:
             self._close_soon(env, job)
 
@@ -427,10 +475,15 @@ class SessionManager:
         operation: str,
         sync_fn: Optional[Callable[[Any], Any]],
         async_fn: Optional[Callable[[Any], Any]] = None,
+        step: bool = False,
     ) -> Any:
         """Run ``async_fn(env)`` on the loop, or ``sync_fn(env)`` in the pool, under the session's
-        lock and the step timeout."""
-        async with session.lock:
+        lock and the step timeout; then mark the session active (``step`` counts a step)."""
+        lock = session.lock
+        waiter = lock.acquire()
+        if waiter is not None:
+            await lock.wait(waiter)
+        try:
             if session.state is not SessionState.READY:
                 raise SessionClosedError(session.id, f"Session {session.id} is closed")
             env = session.env
@@ -438,29 +491,34 @@ class SessionManager:
                 env = session.env = await self._build_env()
             timeout = self.step_timeout_s
             if async_fn is not None:
-                if timeout is None:
-                    return await async_fn(env)
                 try:
-                    return await _with_timeout(async_fn(env), timeout, operation)
+                    if timeout is None:
+                        result = await async_fn(env)
+                    else:
+                        result = await _with_timeout(async_fn(env), timeout, operation)
                 except StepTimeoutError:
                     self._discard_env(session)
                     raise
-            job = self.pool.submit(sync_fn, env)  # type: ignore[arg-type]
-            session.inflight = job
-            try:
-                if timeout is None:
-                    result = await job.future
-                else:
-                    result = await _with_timeout(job.future, timeout, operation)
-            except StepTimeoutError:
-                self.pool.abandon(job)
-                self._discard_env(session)
-                raise
-            except asyncio.CancelledError:
-                self.pool.abandon(job)
-                raise
-            session.inflight = None
-            return result
+            else:
+                job = self.pool.submit(sync_fn, env)  # type: ignore[arg-type]
+                session.inflight = job
+                try:
+                    if timeout is None:
+                        result = await job.future
+                    else:
+                        result = await _with_timeout(job.future, timeout, operation)
+                except StepTimeoutError:
+                    self.pool.abandon(job)
+                    self._discard_env(session)
+                    raise
+                except asyncio.CancelledError:
+                    self.pool.abandon(job)
+                    raise
+                session.inflight = None
+        finally:
+            lock.release()
+        session.touch(step)
+        return result
 
     def _discard_env(self, session: Session) -> None:
         env, session.env = session.env, None
@@ -468,27 +526,27 @@ class SessionManager:
         if env is not None:
             self._close_soon(env, job)
 
-    async def reset(self, session: Session, kwargs: Dict[str, Any]) -> Any:
+    def reset(self, session: Session, kwargs: Dict[str, Any]) -> Awaitable[Any]:
+        """Reset the session's environment (kwargs filtered by its ``reset`` signature)."""
         traits = session.traits
         assert traits is not None
         kwargs = traits.filter(kwargs, traits.reset_kwargs)
         if traits.async_reset:
-            result = await self.call(session, "reset", None, lambda env: env.reset_async(**kwargs))
-        else:
-            result = await self.call(session, "reset", lambda env: env.reset(**kwargs))
-        session.touch()
-        return result
+            return self.call(session, "reset", None, lambda env: env.reset_async(**kwargs))
+        return self.call(session, "reset", lambda env: env.reset(**kwargs))
 
-    async def step(self, session: Session, action: Any, kwargs: Optional[Dict[str, Any]] = None) -> Any:
+    def step(self, session: Session, action: Any, kwargs: Optional[Dict[str, Any]] = None) -> Awaitable[Any]:
+        """Step the session's environment (kwargs filtered by its ``step`` signature)."""
         traits = session.traits
         assert traits is not None
-        kwargs = traits.filter(kwargs or {}, traits.step_kwargs)
-        if traits.async_step or (traits.mcp and getattr(action, "type", None) in ("list_tools", "call_tool")):
-            result = await self.call(session, "step", None, lambda env: env.step_async(action, **kwargs))
-        else:
-            result = await self.call(session, "step", lambda env: env.step(action, **kwargs))
-        session.touch(step=True)
-        return result
+        if kwargs:
+            kwargs = traits.filter(kwargs, traits.step_kwargs)
+            if traits.async_step or (traits.mcp and getattr(action, "type", None) in _MCP_ACTIONS):
+                return self.call(session, "step", None, lambda env: env.step_async(action, **kwargs), step=True)
+            return self.call(session, "step", lambda env: env.step(action, **kwargs), step=True)
+        if traits.async_step or (traits.mcp and getattr(action, "type", None) in _MCP_ACTIONS):
+            return self.call(session, "step", None, lambda env: env.step_async(action), step=True)
+        return self.call(session, "step", lambda env: env.step(action), step=True)
 
     async def state(self, session: Session) -> Any:
         traits = session.traits

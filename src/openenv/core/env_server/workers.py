@@ -31,22 +31,28 @@ class Job:
         "future",
         "loop",
         "outcome",
-        "returned",
+        "pool",
         "started",
     )
 
     def __init__(
-        self, fn: Callable[..., Any], args: tuple, future: asyncio.Future, loop: asyncio.AbstractEventLoop
+        self,
+        fn: Callable[..., Any],
+        args: tuple,
+        future: asyncio.Future,
+        loop: asyncio.AbstractEventLoop,
+        pool: WorkerPool,
     ) -> None:
         self.fn = fn
         self.args = args
         self.future = future
         self.loop = loop
-        self.started = False  # written by the worker (False -> True only), read under the pool lock
-        self.abandoned = False  # written on the loop
-        self.counted_stuck = False  # guarded by the pool's lock
-        self.returned = False  # guarded by the pool's lock: the worker is done with the call
-        self.done = False  # written on the loop, once the call has returned (or was skipped)
+        self.pool = pool
+        self.started = False  # written by the worker, False -> True only
+        # The rest is only touched on the loop's thread: no locks needed.
+        self.abandoned = False
+        self.counted_stuck = False
+        self.done = False  # the call has returned (or was skipped)
         self.outcome: Optional[tuple] = None  # (ok, value), kept even when the future was cancelled
         self._callbacks: Optional[List[Callable[[], Any]]] = None
 
@@ -62,6 +68,10 @@ class Job:
     def _finish(self, ok: bool, value: Any) -> None:
         self.done = True
         self.outcome = (ok, value)
+        pool = self.pool
+        pool._inflight -= 1
+        if self.counted_stuck:
+            pool._stuck -= 1
         fut = self.future
         if not fut.done():
             if ok:
@@ -74,7 +84,12 @@ class Job:
 
 
 class WorkerPool:
-    """Runs blocking callables on at most ``max_workers`` daemon threads (plus replacements)."""
+    """Runs blocking callables on at most ``max_workers`` daemon threads (plus replacements).
+
+    Bookkeeping happens on the event loop's thread (submitting, abandoning and finishing calls);
+    workers only take calls from a queue, run them and hand the outcome back, so a call costs no
+    lock in the worker.
+    """
 
     def __init__(self, max_workers: int, name: str = "openenv-worker") -> None:
         if max_workers < 1:
@@ -82,11 +97,11 @@ class WorkerPool:
         self.max_workers = max_workers
         self.name = f"{name}-{next(_pool_ids)}"
         self._queue: queue.SimpleQueue[Optional[Job]] = queue.SimpleQueue()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _threads
         self._threads = 0
-        self._idle = 0
-        self._pending = 0
+        self._inflight = 0  # submitted and not finished (loop thread only)
         self._stuck = 0
+        self._spawned = 0
         self._closed = False
 
     @property
@@ -103,17 +118,22 @@ class WorkerPool:
         if self._closed:
             raise RuntimeError("worker pool is shut down")
         loop = asyncio.get_running_loop()
-        job = Job(fn, args, loop.create_future(), loop)
-        with self._lock:
-            self._pending += 1
-            spawn = self._pending > self._idle and self._threads < self.max_workers + self._stuck
-            if spawn:
-                self._threads += 1
-                number = self._threads
+        job = Job(fn, args, loop.create_future(), loop, self)
+        self._inflight += 1
         self._queue.put(job)
-        if spawn:
-            threading.Thread(target=self._work, name=f"{self.name}-{number}", daemon=True).start()
+        # Another worker when the calls in flight outnumber the workers, within the bound.
+        if self._inflight > self._threads and self._threads < self.max_workers + self._stuck:
+            self._spawn()
         return job
+
+    def _spawn(self) -> None:
+        with self._lock:
+            if self._threads >= self.max_workers + self._stuck:
+                return
+            self._threads += 1
+            self._spawned += 1
+            number = self._spawned
+        threading.Thread(target=self._work, name=f"{self.name}-{number}", daemon=True).start()
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` on a worker and return its result. Cancelling the caller abandons the call."""
@@ -125,29 +145,24 @@ class WorkerPool:
             raise
 
     def abandon(self, job: Job) -> None:
-        """The caller stopped waiting for ``job``: if it is running, allow a replacement worker."""
+        """The caller stopped waiting for ``job``: if it is running, allow a replacement worker.
+
+        Call it on the loop's thread."""
         if job.abandoned or job.done:
             return
         job.abandoned = True
-        with self._lock:
-            if job.started and not job.returned and not job.counted_stuck:
-                job.counted_stuck = True
-                self._stuck += 1
+        if job.started:
+            job.counted_stuck = True
+            self._stuck += 1
+            if self._inflight > self._threads:
+                self._spawn()
 
     def _work(self) -> None:
         get = self._queue.get
-        lock = self._lock
-        with lock:
-            self._idle += 1
         while True:
             job = get()
-            with lock:
-                self._idle -= 1
-                self._pending -= 1
             if job is None:
-                with lock:
-                    self._threads -= 1
-                return
+                break
             if job.future.cancelled():
                 outcome: tuple = (False, asyncio.CancelledError())
             else:
@@ -156,29 +171,21 @@ class WorkerPool:
                     outcome = (True, job.fn(*job.args))
                 except BaseException as exc:  # delivered to the awaiting coroutine
                     outcome = (False, exc)
-            with lock:
-                job.returned = True
-                if job.counted_stuck:
-                    self._stuck -= 1
-                retire = self._closed or self._threads > self.max_workers + self._stuck
-                if retire:
-                    self._threads -= 1
-                else:
-                    self._idle += 1
-            # Wake the loop last: it then finds the GIL free instead of waiting for it.
             try:
                 job.loop.call_soon_threadsafe(job._finish, *outcome)
             except RuntimeError:  # the loop is closed: nobody is waiting any more
                 pass
             del job, outcome
-            if retire:
-                return
+            if self._threads > self.max_workers + self._stuck:  # a replacement is no longer needed
+                with self._lock:
+                    if self._threads > self.max_workers + self._stuck:
+                        self._threads -= 1
+                        return
+        with self._lock:
+            self._threads -= 1
 
     def shutdown(self) -> None:
         """Stop idle workers; busy ones exit when their call returns."""
-        with self._lock:
-            self._closed = True
-            count = self._threads
-            self._pending += count
-        for _ in range(count):
+        self._closed = True
+        for _ in range(self._threads):
             self._queue.put(None)

@@ -142,6 +142,7 @@ class WSConnection:
         self.max_chars = server.max_message_chars
         self._disconnected = False
         self._processing = False
+        self.action_cls = server.action_cls
 
     async def _close(self, code: int) -> None:
         try:
@@ -280,8 +281,13 @@ class WSConnection:
             return _envelope_error(WSStepMessage, message)
         kind = message.get("type")
         try:
-            if kind == "step":
-                return await self._step(message)
+            if kind == "step":  # the hot path, kept inline
+                data = message.get("data")
+                if message.keys() != _ENVELOPE_KEYS or not isinstance(data, dict):
+                    return _envelope_error(WSStepMessage, message)
+                action = deserialize_action(data, self.action_cls)
+                observation = await self.manager.step(self.session, action)  # type: ignore[arg-type]
+                return '{"type":"observation","data":' + observation_payload_json(observation) + "}"
             if kind == "reset":
                 return await self._reset(message)
             if kind == "state":
@@ -309,14 +315,6 @@ class WSConnection:
             )
         shown = kind if isinstance(kind, str) else ("" if kind is None else json.dumps(kind))
         return error_frame(WSErrorCode.UNKNOWN_TYPE, f"Unknown message type: {shown}")
-
-    async def _step(self, message: Dict[str, Any]) -> str:
-        data = message.get("data")
-        if message.keys() != _ENVELOPE_KEYS or not isinstance(data, dict):
-            return _envelope_error(WSStepMessage, message)
-        action = deserialize_action(data, self.server.action_cls)
-        observation = await self.manager.step(self.session, action)  # type: ignore[arg-type]
-        return '{"type":"observation","data":' + observation_payload_json(observation) + "}"
 
     async def _reset(self, message: Dict[str, Any]) -> str:
         data = message.get("data", {})
