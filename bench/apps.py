@@ -105,6 +105,18 @@ def make_app(name: str) -> Any:
         app = create_app(env, PingAction, PingObservation, max_concurrent_envs=MAX_SESSIONS)
     assert isinstance(app, FastAPI)
 
+    @app.post("/_bench/gc")
+    async def collect() -> dict:
+        import gc
+
+        collected = gc.collect()
+        objects = gc.get_objects()
+        kinds: dict = {}
+        for obj in objects:
+            kinds[type(obj).__name__] = kinds.get(type(obj).__name__, 0) + 1
+        top = dict(sorted(kinds.items(), key=lambda kv: -kv[1])[:12])
+        return {"collected": collected, "tracked": len(objects), "by_type": top}
+
     @app.get("/_bench/sessions")
     async def sessions() -> dict:
         server = app.state.openenv_server

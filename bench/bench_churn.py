@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import sys
+import urllib.request
 from pathlib import Path
 from typing import Any, Dict
 
@@ -73,11 +74,19 @@ async def bad_input(server: Server) -> Dict[str, Any]:
     return {"bad_frames": len(BAD_FRAMES) + 2, "answered_with_error": answered, "connection_usable_after": usable}
 
 
+def collect(server: Server) -> Dict[str, int]:
+    """Force a collection in the server; returns the objects it still tracks."""
+    request = urllib.request.Request(f"http://127.0.0.1:{server.port}/_bench/gc", method="POST")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.load(response)
+
+
 async def run(server: Server, cycles: int, ours: bool) -> Dict[str, Any]:
     pid = server.process.pid
-    for _ in range(200):  # warm-up: first-use allocations are not growth
-        await cycle(server, abrupt=False)
+    for i in range(1000):  # warm-up: the allocator's first arenas are not growth
+        await cycle(server, abrupt=bool(i % 2))
     await asyncio.sleep(0.5)
+    tracked_before = collect(server)["tracked"] if ours else None
     rss = {"start": rss_kib(pid)}
     for _ in range(cycles):
         await cycle(server, abrupt=False)
@@ -92,6 +101,8 @@ async def run(server: Server, cycles: int, ours: bool) -> Dict[str, Any]:
         rss["after_drops"] = rss_kib(pid)
     result: Dict[str, Any] = {"rss_kib": rss}
     result["growth_per_cycle_bytes"] = 1024 * (rss["after_abrupt"] - rss["start"]) / (2 * cycles)
+    if ours:
+        result["tracked_objects"] = {"before": tracked_before, "after_cycles": collect(server)["tracked"]}
     if ours:  # the floor has no error handling to exercise
         result.update(await bad_input(server))
         await asyncio.sleep(0.5)
@@ -117,6 +128,11 @@ def main() -> int:
         print(
             f"  growth per connect/disconnect cycle: {r['growth_per_cycle_bytes']:.0f} bytes over {2 * args.cycles} cycles"
         )
+        if "tracked_objects" in r:
+            t = r["tracked_objects"]
+            print(
+                f"  objects the collector tracks after a full collection: {t['before']} before the cycles, {t['after_cycles']} after"
+            )
         if "server" in r:
             print(
                 f"  bad frames answered with an error: {r['answered_with_error']}/{r['bad_frames']}; connection usable after: {r['connection_usable_after']}"

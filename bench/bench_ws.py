@@ -149,8 +149,8 @@ def median_of(runs: List[Dict[str, float]]) -> Dict[str, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=2.5)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--ks", default="1,32,512")
     parser.add_argument("--cases", default="sync,async,echo")
     args = parser.parse_args()

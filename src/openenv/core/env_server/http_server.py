@@ -54,7 +54,7 @@ from .types import (
     StepRequest,
     StepResponse,
 )
-from .ws_endpoint import WSEndpoint
+from .ws_endpoint import ConnectionWatch, WSEndpoint
 
 logger = logging.getLogger("openenv.server")
 
@@ -143,6 +143,7 @@ class HTTPEnvServer:
             max_message_size_mb = float(os.environ.get("OPENENV_MAX_MESSAGE_MB", DEFAULT_MAX_MESSAGE_MB))
         self.max_message_chars = int(max_message_size_mb * 1024 * 1024)
         self.mcp = MCPDispatcher(self.manager, action_cls, self.env_name, on_session_created=self.prepare_session)
+        self.connection_watch = ConnectionWatch()
         self._metadata: Optional[EnvironmentMetadata] = None
         self._schema: Optional[Dict[str, Any]] = None
 

@@ -198,6 +198,12 @@ class DirectTools:
             return None
         return (id(components), len(components))
 
+    def cached(self, name: str) -> Optional[DirectTool]:
+        """The direct tool for ``name`` if it is already indexed and the index is current."""
+        if self._index is None or self._eligible_key() != self._key:
+            return None
+        return self._index.get(name)
+
     async def get(self, name: str) -> Optional[DirectTool]:
         """The direct tool for ``name``, or None when the call must go through FastMCP."""
         key = self._eligible_key()

@@ -68,6 +68,15 @@ def _classify(exc: BaseException, name: str) -> ToolError:
     return ToolError(error_type=ToolErrorType.EXECUTION_ERROR, message=str(exc) or type(exc).__name__)
 
 
+def _failure(exc: BaseException, name: str) -> ToolCallFailed:
+    if isinstance(exc, ToolCallFailed):
+        return exc
+    if isinstance(exc, ToolBodyError):
+        message = f"Error calling tool '{name}': {exc}"
+        return ToolCallFailed(ToolError(error_type=ToolErrorType.EXECUTION_ERROR, message=message))
+    return ToolCallFailed(_classify(exc, name))
+
+
 def _registered_tool_names(server: FastMCP) -> Optional[List[str]]:
     """Tool names registered on the server, read without an event loop (None if unknown)."""
     provider = getattr(server, "local_provider", None) or getattr(server, "_local_provider", None)
@@ -187,7 +196,20 @@ class MCPEnvironment(Environment):
     ) -> Dict[str, Any]:
         """Call a tool and return its result as OpenEnv sends it (see :func:`tool_result_payload`);
         failures raise :class:`ToolCallFailed`."""
-        return await self._guarded_call(name, arguments or {}, timeout_s, as_payload=True)
+        arguments = arguments or {}
+        inline = self._inline_tool(name)
+        if inline is not None:  # runs to completion right here: no deadline could interrupt it
+            try:
+                return inline.payload(inline.validate_and_call(arguments))
+            except Exception as exc:
+                raise _failure(exc, name) from exc
+        return await self._guarded_call(name, arguments, timeout_s, as_payload=True)
+
+    def _inline_tool(self, name: str) -> Optional[DirectTool]:
+        """The tool, when it is a known direct tool declared to run on the loop."""
+        mode_tools = self._visible_mode_tools()
+        direct = self._direct_mode_tools.get(name) if name in mode_tools else self._direct.cached(name)
+        return direct if direct is not None and direct.inline else None
 
     async def _guarded_call(
         self, name: str, arguments: Dict[str, Any], timeout_s: Optional[float], as_payload: bool
@@ -199,11 +221,8 @@ class MCPEnvironment(Environment):
         except asyncio.TimeoutError:
             message = f"Tool '{name}' timed out after {timeout:g} seconds"
             raise ToolCallFailed(ToolError(error_type=ToolErrorType.TIMEOUT, message=message)) from None
-        except ToolBodyError as exc:
-            message = f"Error calling tool '{name}': {exc}"
-            raise ToolCallFailed(ToolError(error_type=ToolErrorType.EXECUTION_ERROR, message=message)) from exc
         except Exception as exc:
-            raise ToolCallFailed(_classify(exc, name)) from exc
+            raise _failure(exc, name) from exc
 
     async def _call_tool(self, name: str, arguments: Dict[str, Any], as_payload: bool) -> Any:
         mode_tool = self._visible_mode_tools().get(name)
@@ -244,8 +263,12 @@ class MCPEnvironment(Environment):
     async def _after_mcp_action(self, action: Action, observation: Observation) -> Observation:
         """Runs after every ``ListToolsAction`` / ``CallToolAction``: the rubric's score becomes
         the reward and the transform is applied. Override it for bookkeeping (and call super)."""
-        if getattr(self, "rubric", None) is not None:
-            observation.reward = await self._apply_rubric_async(action, observation)
+        rubric = getattr(self, "rubric", None)
+        if rubric is not None:
+            score = rubric(action, observation)
+            if inspect.isawaitable(score):
+                score = await score
+            observation.reward = score
         return self._apply_transform(observation)
 
     # --- the Environment contract -------------------------------------------------------------

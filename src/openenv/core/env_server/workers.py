@@ -10,12 +10,15 @@ when its call finally returns.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
+import logging
 import queue
 import threading
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Deque, Dict, List, Optional
 
 _pool_ids = itertools.count(1)
+logger = logging.getLogger("openenv.server")
 
 
 class Job:
@@ -26,12 +29,13 @@ class Job:
         "abandoned",
         "args",
         "counted_stuck",
+        "delivery",
         "done",
         "fn",
         "future",
-        "loop",
         "outcome",
         "pool",
+        "returned",
         "started",
     )
 
@@ -40,15 +44,16 @@ class Job:
         fn: Callable[..., Any],
         args: tuple,
         future: asyncio.Future,
-        loop: asyncio.AbstractEventLoop,
+        delivery: _Delivery,
         pool: WorkerPool,
     ) -> None:
         self.fn = fn
         self.args = args
         self.future = future
-        self.loop = loop
+        self.delivery = delivery
         self.pool = pool
         self.started = False  # written by the worker, False -> True only
+        self.returned: Optional[tuple] = None  # the worker's (ok, value), read on the loop after delivery
         # The rest is only touched on the loop's thread: no locks needed.
         self.abandoned = False
         self.counted_stuck = False
@@ -83,6 +88,36 @@ class Job:
             callback()
 
 
+class _Delivery:
+    """Hands finished calls back to one event loop, one wake-up for however many finished meanwhile."""
+
+    __slots__ = ("finished", "loop", "scheduled")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.finished: Deque[Job] = collections.deque()
+        self.scheduled = False
+
+    def push(self, job: Job) -> None:  # on a worker thread
+        self.finished.append(job)
+        if not self.scheduled:  # a stale True only means the pending drain picks this one up too
+            self.scheduled = True
+            try:
+                self.loop.call_soon_threadsafe(self.drain)
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                pass
+
+    def drain(self) -> None:  # on the loop
+        self.scheduled = False
+        finished = self.finished
+        while finished:
+            job = finished.popleft()
+            try:
+                job._finish(*job.returned)  # type: ignore[misc]
+            except Exception:  # a done-callback failed; the other calls still get their results
+                logger.exception("delivering a worker result failed")
+
+
 class WorkerPool:
     """Runs blocking callables on at most ``max_workers`` daemon threads (plus replacements).
 
@@ -103,6 +138,7 @@ class WorkerPool:
         self._stuck = 0
         self._spawned = 0
         self._closed = False
+        self._deliveries: Dict[int, _Delivery] = {}
 
     @property
     def threads(self) -> int:
@@ -118,13 +154,22 @@ class WorkerPool:
         if self._closed:
             raise RuntimeError("worker pool is shut down")
         loop = asyncio.get_running_loop()
-        job = Job(fn, args, loop.create_future(), loop, self)
+        job = Job(fn, args, loop.create_future(), self._delivery(loop), self)
         self._inflight += 1
         self._queue.put(job)
         # Another worker when the calls in flight outnumber the workers, within the bound.
         if self._inflight > self._threads and self._threads < self.max_workers + self._stuck:
             self._spawn()
         return job
+
+    def _delivery(self, loop: asyncio.AbstractEventLoop) -> _Delivery:
+        delivery = self._deliveries.get(id(loop))
+        if delivery is None or delivery.loop is not loop:
+            for key, old in list(self._deliveries.items()):  # forget loops that have closed
+                if old.loop.is_closed():
+                    del self._deliveries[key]
+            delivery = self._deliveries[id(loop)] = _Delivery(loop)
+        return delivery
 
     def _spawn(self) -> None:
         with self._lock:
@@ -171,10 +216,8 @@ class WorkerPool:
                     outcome = (True, job.fn(*job.args))
                 except BaseException as exc:  # delivered to the awaiting coroutine
                     outcome = (False, exc)
-            try:
-                job.loop.call_soon_threadsafe(job._finish, *outcome)
-            except RuntimeError:  # the loop is closed: nobody is waiting any more
-                pass
+            job.returned = outcome
+            job.delivery.push(job)
             del job, outcome
             if self._threads > self.max_workers + self._stuck:  # a replacement is no longer needed
                 with self._lock:

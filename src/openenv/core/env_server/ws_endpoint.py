@@ -2,9 +2,10 @@
 
 Frames are JSON objects ``{"type": ..., "data": ...}``; see the spec's section 4. A bad frame of
 any kind (not JSON, not an object, binary, too large, unknown type, invalid action) is answered
-with an error frame and the connection keeps working. Frames are read by a task of their own, so
-a client that goes away mid-step is noticed at once: the step is cancelled (a sync step finishes in
-its worker and its environment is closed afterwards) and the session's slot is freed.
+with an error frame and the connection keeps working. A client that goes away during a long step
+is noticed within ``WATCH_AFTER_S`` (see :class:`ConnectionWatch`): the step is cancelled (a sync
+step finishes in its worker and its environment is closed afterwards) and the session's slot is
+freed.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import collections
 import json
 import logging
 import urllib.parse
-from typing import TYPE_CHECKING, Any, Deque, Dict, Optional
+from typing import TYPE_CHECKING, Any, Deque, Dict, Optional, Set
 
 import pydantic
 
@@ -36,7 +37,10 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger("openenv.server")
 
 PIPELINE_DEPTH = 16
-"""Frames read ahead of the one being processed; beyond that TCP backpressure applies."""
+"""Frames a watcher reads ahead while a step runs; beyond that TCP backpressure applies."""
+
+WATCH_AFTER_S = 0.05
+"""A step running longer than this gets a watcher that notices the client leaving."""
 
 _ENVELOPE_KEYS = frozenset({"type", "data"})
 _BARE_KEYS = frozenset({"type"})
@@ -66,46 +70,37 @@ class _Close:
     pass
 
 
-class _Inbox:
-    """Frames read ahead of the one being processed: a deque and at most one waiter each side."""
+CLOSE = _Close()
 
-    __slots__ = ("_getter", "_items", "_putter")
+
+class ConnectionWatch:
+    """Starts watchers for connections whose current step has run past ``WATCH_AFTER_S``.
+
+    One sweeper task per server wakes every ``WATCH_AFTER_S`` while connections exist, so a step
+    costs two attribute writes rather than a task of its own.
+    """
 
     def __init__(self) -> None:
-        self._items: Deque[Dict[str, Any]] = collections.deque()
-        self._getter: Optional[asyncio.Future] = None
-        self._putter: Optional[asyncio.Future] = None
+        self._connections: Set[WSConnection] = set()
+        self._sweeper: Optional[asyncio.Task] = None
 
-    def put(self, item: Dict[str, Any]) -> bool:
-        """Add a frame; True when the inbox is now full and the reader should wait."""
-        getter = self._getter
-        if getter is not None:
-            self._getter = None
-            if not getter.done():
-                getter.set_result(item)
-                return False
-        self._items.append(item)
-        return len(self._items) >= PIPELINE_DEPTH
+    def register(self, connection: WSConnection) -> None:
+        self._connections.add(connection)
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
 
-    async def wait_for_space(self) -> None:
-        self._putter = asyncio.get_running_loop().create_future()
-        await self._putter
+    def unregister(self, connection: WSConnection) -> None:
+        self._connections.discard(connection)
 
-    async def get(self) -> Dict[str, Any]:
-        items = self._items
-        if items:
-            item = items.popleft()
-            putter = self._putter
-            if putter is not None:
-                self._putter = None
-                if not putter.done():
-                    putter.set_result(None)
-            return item
-        self._getter = asyncio.get_running_loop().create_future()
-        return await self._getter
-
-
-CLOSE = _Close()
+    async def _sweep(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._connections:
+            await asyncio.sleep(WATCH_AFTER_S)
+            late = loop.time() - WATCH_AFTER_S
+            for connection in list(self._connections):
+                since = connection.busy_since
+                if since is not None and since <= late:
+                    connection.start_watcher()
 
 
 class WSEndpoint:
@@ -140,9 +135,12 @@ class WSConnection:
         self.send = send
         self.session: Optional[Session] = None
         self.max_chars = server.max_message_chars
-        self._disconnected = False
-        self._processing = False
         self.action_cls = server.action_cls
+        self.busy_since: Optional[float] = None  # loop time the current step began
+        self._disconnected = False
+        self._task: Optional[asyncio.Task] = None
+        self._watcher: Optional[asyncio.Task] = None
+        self._backlog: Deque[Dict[str, Any]] = collections.deque()
 
     async def _close(self, code: int) -> None:
         try:
@@ -158,23 +156,19 @@ class WSConnection:
         if session is None:
             return
         self.session = session
-        inbox = _Inbox()
-        # This task processes frames; a second one reads them, so that a disconnect is seen (and
-        # the step in flight cancelled) while a step runs.
-        processor = asyncio.current_task()
-        reader = asyncio.get_running_loop().create_task(self._read(inbox, processor))
-        self._processing = True
+        self._task = asyncio.current_task()
+        watch = self.server.connection_watch
+        watch.register(self)
         try:
-            await self._process(inbox)
+            await self._process()
         except asyncio.CancelledError:
             if not self._disconnected:
                 raise  # cancelled from outside (server shutdown)
-            if hasattr(processor, "uncancel"):  # Python 3.11+
-                processor.uncancel()  # type: ignore[union-attr]
+            if hasattr(self._task, "uncancel"):  # Python 3.11+
+                self._task.uncancel()  # type: ignore[union-attr]
         finally:
-            self._processing = False
-            reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
+            watch.unregister(self)
+            await self._stop_watcher()
             await self._release()
 
     async def _release(self) -> None:
@@ -183,24 +177,45 @@ class WSConnection:
         if session is not None:
             await self.manager.detach(session)
 
-    async def _read(self, inbox: _Inbox, processor: Any) -> None:
-        receive = self.receive
+    # --- noticing a client that leaves while a long step runs ---------------------------------
+    #
+    # Frames are read by this connection's task itself, between steps. While a step runs nobody
+    # reads, so a client that disconnects would go unnoticed until the step ends; the server's
+    # ConnectionWatch therefore starts a watcher task for any step running past WATCH_AFTER_S. The
+    # watcher reads on this task's behalf: frames go to the backlog, a disconnect cancels the step.
+
+    def start_watcher(self) -> None:
+        if self._watcher is None and not self._disconnected:
+            self._watcher = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
         try:
-            while True:
-                message = await receive()
+            while len(self._backlog) < PIPELINE_DEPTH:
+                message = await self.receive()
                 if message["type"] == "websocket.disconnect":
                     break
-                text = message.get("text")
-                if text is not None and len(text) > self.max_chars:  # free it now, not when its turn comes
-                    message = {"type": "websocket.receive", "oversize": len(text)}
-                    del text
-                if inbox.put(message):
-                    await inbox.wait_for_space()
+                self._backlog.append(self._admit(message))
+            else:
+                return  # backlog full: leave the rest in the socket (backpressure)
+        except asyncio.CancelledError:
+            raise
         except Exception:  # the transport failed: same as a disconnect
             pass
         self._disconnected = True
-        if self._processing:
-            processor.cancel()
+        if self.busy_since is not None and self._task is not None:
+            self._task.cancel()
+
+    async def _stop_watcher(self) -> None:
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+
+    def _admit(self, message: Dict[str, Any]) -> Dict[str, Any]:
+        text = message.get("text")
+        if text is not None and len(text) > self.max_chars:  # do not keep it around
+            return {"type": "websocket.receive", "oversize": len(text)}
+        return message
 
     async def _open_session(self) -> Optional[Session]:
         query = urllib.parse.parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
@@ -236,21 +251,35 @@ class WSConnection:
         await self._close(close_code)
         return None
 
-    async def _process(self, inbox: _Inbox) -> None:
-        send = self.send
-        get = inbox.get
+    async def _process(self) -> None:
+        send, receive, backlog = self.send, self.receive, self._backlog
+        loop = asyncio.get_running_loop()
         while True:
-            message = await get()
-            text = message.get("text")
-            if text is not None:
-                reply: Any = await self.handle_text(text)
-            elif "oversize" in message:
-                reply = self._too_large(message["oversize"])
+            if backlog:
+                message = backlog.popleft()
+            elif self._disconnected:
+                return
             else:
-                reply = error_frame(
-                    WSErrorCode.UNSUPPORTED_FRAME,
-                    "Binary frames are not supported: send each message as a JSON text frame",
-                )
+                message = self._admit(await receive())
+                if message["type"] == "websocket.disconnect":
+                    self._disconnected = True
+                    return
+            text = message.get("text")
+            self.busy_since = loop.time()
+            try:
+                if text is not None:
+                    reply: Any = await self.handle_text(text)
+                elif "oversize" in message:
+                    reply = self._too_large(message["oversize"])
+                else:
+                    reply = error_frame(
+                        WSErrorCode.UNSUPPORTED_FRAME,
+                        "Binary frames are not supported: send each message as a JSON text frame",
+                    )
+            finally:
+                self.busy_since = None
+            if self._watcher is not None:
+                await self._stop_watcher()
             if reply is CLOSE:
                 # Free the slot before the close frame goes out: a client that reconnects as soon as
                 # its close completes must find it free.
