@@ -78,16 +78,20 @@ def tool_result_payload(result: Any) -> Dict[str, Any]:
 
 def _plain_payload(tool: FunctionTool, value: Any) -> Optional[Dict[str, Any]]:
     """The payload of a plain JSON value, or None when only FastMCP's conversion will do."""
-    try:
-        encoded = pydantic_core.to_json(value)
-    except Exception:
-        return None
-    if b"NaN" in encoded or b"Infinity" in encoded:
-        return None  # FastMCP refuses non-finite numbers: let it say so
-    structured = (
-        value if isinstance(value, (str, int, float, bool)) or value is None else pydantic_core.from_json(encoded)
-    )
-    content = [] if value is None else [{"type": "text", "text": value if isinstance(value, str) else encoded.decode()}]
+    if type(value) is str:
+        structured: Any = value
+        content = [{"type": "text", "text": value}]
+    else:
+        try:
+            encoded = pydantic_core.to_json(value)
+        except Exception:
+            return None
+        if b"NaN" in encoded or b"Infinity" in encoded:
+            return None  # FastMCP refuses non-finite numbers: let it say so
+        structured = (
+            value if isinstance(value, (int, float, bool)) or value is None else pydantic_core.from_json(encoded)
+        )
+        content = [] if value is None else [{"type": "text", "text": encoded.decode()}]
     schema = tool.output_schema
     meta = None
     if schema is None:
