@@ -8,6 +8,7 @@ STAMP := $(VENV)/.installed
 .PHONY: setup demo test lint format bench interop clean
 
 $(STAMP): pyproject.toml envs/echo_env/pyproject.toml
+	bash scripts/install-bubblewrap.sh
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet -e ".[dev]" -e envs/echo_env
@@ -30,9 +31,11 @@ format: setup
 	$(PY) -m ruff format src tests envs examples bench
 	$(PY) -m ruff check --fix src tests envs examples bench
 
-bench: setup  ## WebSocket throughput/latency/CPU against a raw-websockets floor, import time, RSS per session
+bench: setup  ## throughput/latency/CPU vs a raw-websockets floor; footprint; churn; sandbox start-up
 	$(PY) bench/bench_ws.py
 	$(PY) bench/bench_footprint.py
+	$(PY) bench/bench_churn.py
+	$(PY) bench/bench_sandbox.py
 
 interop: setup  ## drive upstream openenv 0.10.0 with our client and ours with theirs (separate venv)
 	bash scripts/interop.sh

@@ -177,15 +177,21 @@ async def _floor_loop(ws: Any, echo: bool) -> None:
         await ws.send(json.dumps(reply, separators=(",", ":")))
 
 
-async def serve_floor(port: int, echo: bool) -> None:
-    from websockets.asyncio.server import serve
+async def serve_floor(port: int, echo: bool, uds: Optional[str] = None) -> None:
+    from websockets.asyncio.server import serve, unix_serve
 
-    async with serve(lambda ws: floor_handler(ws, echo), "127.0.0.1", port, compression=None, max_size=2**28):
+    handler = lambda ws: floor_handler(ws, echo)  # noqa: E731
+    if uds:
+        async with unix_serve(handler, uds, compression=None, max_size=2**28):
+            await asyncio.Future()
+    async with serve(handler, "127.0.0.1", port, compression=None, max_size=2**28):
         await asyncio.Future()
 
 
 def main() -> None:
-    name, port = sys.argv[1], int(sys.argv[2])
+    name, address = sys.argv[1], sys.argv[2]  # a port, or the path of a Unix socket
+    uds = address if not address.isdigit() else None
+    port = int(address) if uds is None else 0
     try:
         import uvloop
 
@@ -193,7 +199,7 @@ def main() -> None:
     except ImportError:
         pass
     if name.startswith("floor"):
-        asyncio.run(serve_floor(port, echo=name == "floor-echo"))
+        asyncio.run(serve_floor(port, echo=name == "floor-echo", uds=uds))
         return
     from openenv.core.env_server.runner import run_server
 
@@ -207,7 +213,10 @@ def main() -> None:
         if values:
             gc.set_threshold(*(int(x) for x in values))
     loop = os.environ.get("BENCH_LOOP", "auto")
-    run_server(make_app(name), port=port, log_level="warning", access_log=False, loop=loop)
+    if uds:
+        run_server(make_app(name), uds=uds, log_level="warning", access_log=False, loop=loop)
+    else:
+        run_server(make_app(name), port=port, log_level="warning", access_log=False, loop=loop)
 
 
 if __name__ == "__main__":

@@ -1434,7 +1434,6 @@ def test_top_level_cli_export() -> None:
     assert openenv.cli is not None
 
 
-@pytest.mark.xfail(strict=True, reason="§0: openenv exports AutoEnv/AutoAction; they come with the sandbox issue")
 @pytest.mark.parametrize("name", ["AutoEnv", "AutoAction"])
 def test_top_level_auto_exports(name: str) -> None:
     assert isinstance(getattr(openenv, name), type)

@@ -20,6 +20,7 @@ with`` and ``.sync()`` decide explicitly). ``base_url`` may be ``http(s)://host:
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import sys
@@ -117,6 +118,7 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         self._children: List[EnvClient[Any, Any, Any]] = []
         self._session_lost = False
         self._provider_started = False
+        self._launch: Optional[_Launch] = None
         self._warned_step_kwargs = False
 
     # --- what subclasses implement ----------------------------------------------------------
@@ -229,6 +231,76 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
             self._sync_client = SyncEnvClient(self)
         return self._sync_client
 
+    def __await__(self) -> Any:
+        """``client = await Env.from_env(...)``: connect (starting the server if needed)."""
+        self._claim("async")
+        return self._connect_and_return().__await__()
+
+    # --- clients that start their own server -----------------------------------------------------
+
+    @classmethod
+    def from_env(
+        cls,
+        name_or_path: str,
+        *,
+        provider: Any = None,
+        use_docker: bool = False,
+        isolation: str = "sandbox",
+        **kwargs: Any,
+    ) -> Any:
+        """A client whose server starts when it connects and stops when it closes.
+
+        ``name_or_path`` is an environment package directory (with ``openenv.yaml``) or the name of
+        an installed one (``"echo_env"``, ``"echo"``): it is served in a
+        :class:`~openenv.core.containers.runtime.SandboxProvider` (``isolation="none"`` for a plain
+        process). A Hugging Face Space id (``"org/name"``), or ``use_docker=True``, runs the
+        Space's image with Docker instead, as OpenEnv 0.10 does. Keyword arguments of the client's
+        constructor go to the client, the rest to the provider. The result can be awaited
+        (``client = await Env.from_env(...)``), entered (``async with`` / ``with``), or made
+        blocking with ``.sync()``.
+        """
+        client_kwargs, provider_kwargs = _split_kwargs(cls, kwargs)
+        if provider is not None:
+            if provider_kwargs:
+                raise ValueError(f"pass either a provider or provider arguments, not both: {sorted(provider_kwargs)}")
+            return cls(provider=provider, **client_kwargs)
+        from pathlib import Path
+
+        path = Path(name_or_path).expanduser()
+        if use_docker or (not path.exists() and "/" in name_or_path and not name_or_path.startswith((".", "/"))):
+            from .utils import hf_space_subdomain
+
+            tag = provider_kwargs.pop("tag", "latest")
+            image = f"registry.hf.space/{hf_space_subdomain(name_or_path)}:{tag}"
+            return cls.from_docker_image(image, **client_kwargs, **provider_kwargs)
+        from .containers.runtime.sandbox import SandboxProvider
+
+        if path.exists():
+            project = str(path)
+        else:
+            from ..auto.discovery import resolve_environment
+
+            project = str(resolve_environment(name_or_path).path)
+        return cls(provider=SandboxProvider(project, isolation=isolation, **provider_kwargs), **client_kwargs)
+
+    @classmethod
+    def from_docker_image(cls, image: str, provider: Any = None, **kwargs: Any) -> Any:
+        """A client whose server is a Docker container of ``image`` (started on connect, removed on
+        close). Keyword arguments of the client's constructor go to the client, the rest to
+        ``provider.start_container``."""
+        client_kwargs, start_kwargs = _split_kwargs(cls, kwargs)
+        if provider is None:
+            from .containers.runtime.docker import LocalDockerProvider
+
+            provider = LocalDockerProvider()
+        client = cls(provider=provider, **client_kwargs)
+        client._launch = _Launch(
+            start=lambda: provider.start_container(image, **start_kwargs),
+            ready=provider.wait_for_ready,
+            stop=provider.stop_container,
+        )
+        return client
+
     async def __aenter__(self) -> EnvClient[ActT, ObsT, StateT]:
         self._claim("async")
         await self._connect_async()
@@ -254,14 +326,15 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
     async def _ensure_endpoint(self) -> Endpoint:
         if self._endpoint is not None:
             return self._endpoint
-        provider = self._provider
-        if hasattr(provider, "start_container"):
-            url = await asyncio.to_thread(provider.start_container)
-            await asyncio.to_thread(provider.wait_for_ready, url)
-        else:
-            url = await asyncio.to_thread(provider.start)
-            await asyncio.to_thread(provider.wait_for_ready)
-        self._provider_started = True
+        launch = self._launch or _Launch.of(self._provider)
+        url = await asyncio.to_thread(launch.start)
+        self._launch, self._provider_started = launch, True
+        try:
+            await asyncio.to_thread(launch.ready, url)
+        except BaseException:
+            await asyncio.to_thread(launch.stop)
+            self._provider_started = False
+            raise
         self._endpoint = parse_endpoint(url)
         return self._endpoint
 
@@ -343,10 +416,8 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
             except Exception:
                 logger.warning("closing a child session failed", exc_info=True)
         await self._disconnect_async()
-        if self._provider is not None and self._provider_started:
-            provider = self._provider
-            stop = getattr(provider, "stop_container", None) or provider.stop
-            await asyncio.to_thread(stop)
+        if self._launch is not None and self._provider_started:
+            await asyncio.to_thread(self._launch.stop)
             self._provider_started = False
             self._endpoint = None
 
@@ -436,6 +507,38 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(base_url={self.base_url!r})"
+
+
+class _Launch:
+    """How a client starts, waits for and stops the server it owns (calls run in a thread)."""
+
+    __slots__ = ("ready", "start", "stop")
+
+    def __init__(self, start: Callable[[], str], ready: Callable[[str], None], stop: Callable[[], None]) -> None:
+        self.start = start
+        self.ready = ready
+        self.stop = stop
+
+    @classmethod
+    def of(cls, provider: Any) -> _Launch:
+        if provider is None:
+            raise ValueError("no base_url and no provider to start a server")
+        if hasattr(provider, "start_container"):
+            params = inspect.signature(provider.start_container).parameters.values()
+            if any(p.default is inspect.Parameter.empty and p.kind is p.POSITIONAL_OR_KEYWORD for p in params):
+                raise ValueError(
+                    f"{type(provider).__name__}.start_container needs arguments (an image): use "
+                    "Client.from_docker_image(image, provider=...) or start the container yourself"
+                )
+            return cls(provider.start_container, provider.wait_for_ready, provider.stop_container)
+        return cls(provider.start, lambda _url: provider.wait_for_ready(), provider.stop)
+
+
+def _split_kwargs(cls: type, kwargs: Dict[str, Any]) -> tuple:
+    """Split keyword arguments into the client constructor's and the rest."""
+    accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "base_url", "provider"}
+    client = {k: v for k, v in kwargs.items() if k in accepted}
+    return client, {k: v for k, v in kwargs.items() if k not in accepted}
 
 
 def _is_open(ws: Any) -> bool:

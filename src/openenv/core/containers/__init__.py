@@ -1,0 +1,1 @@
+"""Where environment servers run: providers that start them (see :mod:`.runtime`)."""

@@ -1,0 +1,47 @@
+"""Sandboxed execution of untrusted code, for environments that run an agent's code or commands.
+
+* :func:`run_python` / :func:`run_shell` — one fresh sandbox per call, hard timeout that kills
+  the whole process tree, memory/process limits, no network, bounded output.
+* :class:`PythonREPL` — one persistent sandboxed interpreter per session (globals kept between
+  calls; killed and restarted fresh after a timeout or a crash).
+
+Both return :class:`~openenv.core.env_server.types.CodeExecResult` and block; ``*_async``
+variants run them on a worker thread.
+"""
+
+from __future__ import annotations
+
+from openenv.core.containers.runtime.isolation import IsolationError, Limits
+from openenv.core.env_server.types import CodeExecResult
+
+from .executor import (
+    CODE_LIMITS,
+    DEFAULT_MAX_OUTPUT_BYTES,
+    TIMEOUT_EXIT_CODE,
+    WORKSPACE,
+    FileContent,
+    Isolation,
+    run_python,
+    run_python_async,
+    run_shell,
+    run_shell_async,
+)
+from .repl import REPL_LIMITS, PythonREPL
+
+__all__ = [
+    "CODE_LIMITS",
+    "DEFAULT_MAX_OUTPUT_BYTES",
+    "REPL_LIMITS",
+    "TIMEOUT_EXIT_CODE",
+    "WORKSPACE",
+    "CodeExecResult",
+    "FileContent",
+    "Isolation",
+    "IsolationError",
+    "Limits",
+    "PythonREPL",
+    "run_python",
+    "run_python_async",
+    "run_shell",
+    "run_shell_async",
+]

@@ -1,0 +1,709 @@
+"""Sandboxed execution of untrusted code: every call runs in a fresh sandbox.
+
+:func:`run_python` and :func:`run_shell` start a bubblewrap sandbox (see
+:mod:`openenv.core.containers.runtime.isolation`): no network unless asked, a read-only system
+and Python runtime, a private ``/tmp``, a private working directory ``/workspace`` (holding the
+caller's ``files``), a pid namespace, its own unprivileged uid when OpenEnv runs as root, and
+resource limits (rlimits, plus a per-sandbox memory/pids cgroup where cgroups are writable).
+
+Inside, a small launcher (``_launcher.py``) reads the code and files from a pipe — code never
+appears on a command line —, drops privileges, sets the limits and execs the interpreter. When
+the code's main process ends, or the wall-clock timeout passes, the sandbox's pid 1 is killed:
+the kernel then kills every process left in its pid namespace, forked, backgrounded or
+daemonized. The call returns once they are all gone.
+
+These calls block. Environments call them from their synchronous ``step``, which the server
+runs in its worker pool, so blocking there is right; from async code use the ``*_async``
+variants (a worker thread each).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import math
+import os
+import select
+import selectors
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path, PurePosixPath
+from typing import Any, Callable, Dict, List, Literal, Mapping, Optional, Union
+
+from openenv.core.containers.runtime.isolation import (
+    BwrapCommand,
+    Cgroup,
+    IsolationError,
+    Limits,
+    cgroup_roots,
+    privileged,
+    python_command,
+    require_bwrap,
+    runtime_view,
+    sandbox_environment,
+    sandbox_uid,
+)
+from openenv.core.env_server.types import CodeExecResult
+
+logger = logging.getLogger("openenv.tools")
+
+Isolation = Literal["sandbox", "none"]
+FileContent = Union[str, bytes]
+
+CODE_LIMITS = Limits(
+    memory_mb=512, cpu_seconds=None, max_processes=64, max_open_files=256, max_file_size_mb=64, tmp_size_mb=256
+)
+"""Default limits for code: 512 MiB of address space per process (and for the whole sandbox where
+cgroups allow), 64 processes/threads, 256 open files, 64 MiB per file, 256 MiB for each of
+``/tmp`` and ``/workspace``. One-shot calls also get ``cpu_seconds`` = the timeout rounded up,
+plus one."""
+
+DEFAULT_MAX_OUTPUT_BYTES = 64 * 1024
+TIMEOUT_EXIT_CODE = 124
+WORKSPACE = "/workspace"
+"""The sandbox's working directory: private, writable, starts with the caller's ``files``."""
+CONTROL = "/run/openenv"
+
+_HERE = Path(__file__).resolve().parent
+_LAUNCHER = str(_HERE / "_launcher.py")
+_REPL_WORKER = str(_HERE / "_repl_worker.py")
+_MIB = 1024 * 1024
+_KILL_WAIT_S = 5.0  # how long a killed tree may take to disappear
+_DRAIN_S = 2.0  # how long output may keep arriving once the tree is dead or killed
+_START_WAIT_S = 30.0  # how long bwrap may take to build the sandbox
+
+
+# --- output ------------------------------------------------------------------------------------
+
+
+class _Output:
+    """The first ``limit`` bytes of a stream, and a count of the bytes after them."""
+
+    def __init__(self, name: str, limit: int) -> None:
+        self.name, self.limit = name, limit
+        self.data = bytearray()
+        self.dropped = 0
+
+    def feed(self, chunk: bytes) -> None:
+        room = self.limit - len(self.data)
+        if room > 0:
+            self.data += chunk[:room]
+        self.dropped += max(0, len(chunk) - max(room, 0))
+
+    def text(self) -> str:
+        text = self.data.decode("utf-8", errors="replace")
+        if self.dropped:
+            text += f"\n[{self.name} truncated: {self.dropped} more bytes not shown (limit {self.limit} bytes)]\n"
+        return text
+
+
+def _append_note(text: str, note: str) -> str:
+    if text and not text.endswith("\n"):
+        text += "\n"
+    return text + note + "\n"
+
+
+def _timeout_note(timeout_s: float, what: str) -> str:
+    return f"[timed out after {timeout_s:g} s: {what} killed, with every process it started]"
+
+
+# --- starting sandboxes ------------------------------------------------------------------------
+
+_spawner: Optional[ThreadPoolExecutor] = None
+_spawner_lock = threading.Lock()
+_warned_unsandboxed = False
+
+
+def _popen(argv: List[str], **kwargs: Any) -> subprocess.Popen:
+    """``subprocess.Popen`` run on one long-lived thread.
+
+    bwrap's ``--die-with-parent`` (and the launcher's parent-death signal) fire when the *thread*
+    that forked them exits; a server's worker thread may exit while a REPL's sandbox lives on.
+    """
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None:
+            _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="openenv-sandbox-spawner")
+    return _spawner.submit(subprocess.Popen, argv, **kwargs).result()
+
+
+def _check_isolation(isolation: str) -> None:
+    global _warned_unsandboxed
+    if isolation not in ("sandbox", "none"):
+        raise ValueError(f"isolation must be 'sandbox' or 'none', not {isolation!r}")
+    if isolation == "none" and not _warned_unsandboxed:
+        _warned_unsandboxed = True
+        logger.warning(
+            "running untrusted code with isolation='none': no sandbox, only rlimits and a timeout "
+            "(it can read your files and use the network); use it for development only"
+        )
+
+
+def _encode_files(files: Optional[Mapping[str, FileContent]]) -> Dict[str, Any]:
+    """Check the names (relative, inside the working directory) and make the contents JSON-safe."""
+    encoded: Dict[str, Any] = {}
+    for name, content in (files or {}).items():
+        path = PurePosixPath(name)
+        if not name or path.is_absolute() or ".." in path.parts or str(path) == ".":
+            raise ValueError(f"file name {name!r} must be a relative path inside the working directory")
+        if isinstance(content, bytes):
+            encoded[str(path)] = {"b64": base64.b64encode(content).decode()}
+        elif isinstance(content, str):
+            encoded[str(path)] = content
+        else:
+            raise TypeError(f"content of file {name!r} must be str or bytes, not {type(content).__name__}")
+    return encoded
+
+
+@dataclass
+class _Spec:
+    """What to start. ``argv`` may name ``{python}``, ``{control}``, ``{worker}``, ``{request}``
+    and ``{reply}``; ``script`` (if any) is written to ``{control}/{script_name}``."""
+
+    argv: List[str]
+    isolation: Isolation
+    limits: Limits
+    network: bool = False
+    python: Optional[str] = None
+    script: Optional[str] = None
+    script_name: str = "main"
+    files: Dict[str, Any] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    stdin: bool = False
+    channels: bool = False  # a request and a reply pipe (the REPL's protocol)
+
+
+def _make_cgroup(limits: Limits) -> Optional[Cgroup]:
+    roots = cgroup_roots()
+    if roots is None:
+        return None
+    memory = limits.memory_mb * _MIB if limits.memory_mb is not None else None
+    try:
+        return Cgroup(roots, f"openenv-tools-{uuid.uuid4().hex[:16]}", memory, limits.max_processes)
+    except OSError as exc:
+        logger.debug("no cgroup for this sandbox: %s", exc)
+        return None
+
+
+class _Sandbox:
+    """One running sandbox (or, with isolation 'none', one plain process group).
+
+    Owns the process, its pipes, its cgroup and (isolation 'none') its scratch directory.
+    ``kill()`` ends the whole tree and waits until it is gone; ``close()`` releases the rest.
+    """
+
+    def __init__(self, spec: _Spec) -> None:
+        self.isolation = spec.isolation
+        self.proc: Optional[subprocess.Popen] = None
+        self.cgroup: Optional[Cgroup] = None
+        self.scratch: Optional[str] = None
+        self.init_pid: Optional[int] = None  # the sandbox's pid 1, as the host sees it
+        self.init_pidfd: Optional[int] = None
+        self.exit_fd: Optional[int] = None  # readable once the process we started has exited
+        self.status_r: Optional[int] = None
+        self.request_w: Optional[int] = None
+        self.reply_r: Optional[int] = None
+        self.exited = False
+        self._dead = False
+        child_fds: List[int] = []
+        try:
+            self._start(spec, child_fds)
+        except BaseException:
+            self._close_fds(child_fds)
+            self.kill()
+            self.close()
+            raise
+        self._close_fds(child_fds)
+
+    @staticmethod
+    def _close_fds(fds: List[int]) -> None:
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        fds.clear()
+
+    def _pipe(self, child_fds: List[int], child_reads: bool) -> tuple:
+        r, w = os.pipe()
+        child_fds.append(r if child_reads else w)
+        return r, w
+
+    def _start(self, spec: _Spec, child_fds: List[int]) -> None:
+        python = python_command(spec.python)
+        python = shutil.which(python) or python  # the launcher execs it: a path, not a name
+        sandboxed = spec.isolation == "sandbox"
+        bwrap = require_bwrap() if sandboxed else None
+        view = runtime_view(python) if sandboxed else None
+        self.cgroup = _make_cgroup(spec.limits)
+        cgroup_fds = []
+        for path in self.cgroup.dirs if self.cgroup else []:
+            cgroup_fds.append(os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY))
+            child_fds.append(cgroup_fds[-1])
+        config_r, config_w = self._pipe(child_fds, child_reads=True)
+        self.status_r, status_w = self._pipe(child_fds, child_reads=False)
+        keep_fds: List[int] = []
+        request_r = reply_w = -1
+        if spec.channels:
+            request_r, self.request_w = self._pipe(child_fds, child_reads=True)
+            self.reply_r, reply_w = self._pipe(child_fds, child_reads=False)
+            keep_fds = [request_r, reply_w]
+        info_r = -1
+        if sandboxed:
+            assert bwrap is not None and view is not None
+            control, workspace = CONTROL, WORKSPACE
+            script_bytes = len(spec.script.encode()) if spec.script else 0
+            cmd = BwrapCommand(bwrap, network=spec.network, tmp_size_mb=spec.limits.tmp_size_mb)
+            cmd.view(view)
+            cmd.tmpfs(CONTROL, size_mb=script_bytes // _MIB + 1, perms="0755")
+            launcher, worker = f"{CONTROL}/launcher.py", f"{CONTROL}/repl_worker.py"
+            cmd.ro_bind(_LAUNCHER, launcher).ro_bind(_REPL_WORKER, worker)
+            cmd.tmpfs(WORKSPACE, size_mb=spec.limits.tmp_size_mb, perms="0755")
+            info_r, info_w = self._pipe(child_fds, child_reads=False)
+            cmd.info_fd(info_w)
+            cmd.chdir(WORKSPACE)
+            argv = cmd.command([python, "-I", "-S", launcher, str(config_r), str(status_w)])
+            cwd = "/"
+        else:
+            self.scratch = tempfile.mkdtemp(prefix="openenv-exec-")
+            control, workspace = self.scratch, os.path.join(self.scratch, "workspace")
+            os.mkdir(workspace)
+            launcher, worker = _LAUNCHER, _REPL_WORKER
+            argv = [python, "-I", "-S", launcher, str(config_r), str(status_w)]
+            cwd = workspace
+        names = {"python": python, "control": control, "worker": worker, "request": request_r, "reply": reply_w}
+        config = {
+            "control": control,
+            "workspace": workspace,
+            "script": spec.script,
+            "script_name": spec.script_name,
+            "files": spec.files,
+            "cgroup_fds": cgroup_fds,
+            "uid": sandbox_uid() if sandboxed and privileged() else None,
+            "rlimits": spec.limits.rlimits(),
+            "keep_fds": keep_fds,
+            "argv": [part.format(**names) for part in spec.argv],
+        }
+        home = {} if sandboxed else {"HOME": workspace}  # not the host's /tmp
+        env = sandbox_environment({"PYTHONPATH": workspace, **home, **spec.env})
+        try:
+            self.proc = _popen(
+                argv,
+                stdin=subprocess.PIPE if spec.stdin else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=child_fds,
+                start_new_session=True,
+                env=env,
+                cwd=cwd,
+            )
+            self._close_fds(child_fds)
+            try:
+                self.exit_fd = os.pidfd_open(self.proc.pid)
+            except (AttributeError, OSError):
+                self.exit_fd = None  # no pidfds (Linux < 5.3): exits are polled
+            if sandboxed:
+                self._read_info(info_r)
+            _write_all(config_w, json.dumps(config).encode())
+        except BrokenPipeError:
+            pass  # the launcher is gone: the caller finds out why from launch_error()
+        finally:
+            self._close_fds([config_w] + ([info_r] if sandboxed else []))
+
+    def _read_info(self, info_r: int) -> None:
+        """Learn the sandbox's pid 1 from bwrap (``--info-fd``); no info means bwrap failed."""
+        data = b""
+        deadline = time.monotonic() + _START_WAIT_S
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([info_r], [], [], deadline - time.monotonic())
+            chunk = os.read(info_r, 4096) if ready else b""
+            if not chunk:
+                break
+            data += chunk
+        if not data:
+            assert self.proc is not None
+            self.kill()
+            stderr = self.proc.stderr.read().decode(errors="replace").strip() if self.proc.stderr else ""
+            raise IsolationError(f"the sandbox could not be set up: {stderr or 'bwrap gave no reason'}")
+        self.init_pid = int(json.loads(data)["child-pid"])
+        try:
+            self.init_pidfd = os.pidfd_open(self.init_pid)
+        except (AttributeError, OSError):
+            self.init_pidfd = None
+
+    @property
+    def stdout(self) -> int:
+        assert self.proc is not None and self.proc.stdout is not None
+        return self.proc.stdout.fileno()
+
+    @property
+    def stderr(self) -> int:
+        assert self.proc is not None and self.proc.stderr is not None
+        return self.proc.stderr.fileno()
+
+    def poll_exit(self) -> bool:
+        """Whether the process has exited; it stays unreaped, so its pid (and group id) stay ours."""
+        if not self.exited and self.proc is not None:
+            try:
+                self.exited = os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+            except ChildProcessError:
+                self.exited = True
+        return self.exited
+
+    def kill(self) -> None:
+        """Kill every process of the sandbox and wait (a few seconds at most) until they are gone.
+
+        Idempotent. Until the process is reaped here its pid cannot be reused, so signalling its
+        process group cannot hit a stranger."""
+        if self._dead:
+            return
+        if self.init_pidfd is not None:
+            try:
+                signal.pidfd_send_signal(self.init_pidfd, signal.SIGKILL)
+            except OSError:
+                pass  # already gone
+        elif self.init_pid is not None and not self.poll_exit():
+            _signal(self.init_pid)
+        if self.proc is not None and self.proc.returncode is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        if self.init_pidfd is not None:
+            # pid 1 of a pid namespace exits only after every other process in it is gone.
+            select.select([self.init_pidfd], [], [], _KILL_WAIT_S)
+        self._kill_cgroup()
+        if self.proc is not None:
+            try:
+                self.proc.wait(_KILL_WAIT_S)
+            except subprocess.TimeoutExpired:
+                logger.error("sandbox process %d did not die within %.0f s of SIGKILL", self.proc.pid, _KILL_WAIT_S)
+                return
+            self.exited = True
+        self._dead = True
+
+    def _kill_cgroup(self) -> None:
+        if self.cgroup is None:
+            return
+        deadline = time.monotonic() + _KILL_WAIT_S
+        while time.monotonic() < deadline:
+            pids = [int(p) for d in self.cgroup.dirs for p in _read_lines(os.path.join(d, "cgroup.procs"))]
+            if not pids:
+                return
+            for pid in pids:
+                _signal(pid)
+            time.sleep(0.005)
+
+    @property
+    def returncode(self) -> int:
+        """The exit status, shell style: ``128 + N`` for a process killed by signal N."""
+        assert self.proc is not None and self.proc.returncode is not None
+        code = self.proc.returncode
+        return 128 - code if code < 0 else code
+
+    def launch_error(self) -> Optional[str]:
+        """Why the code could not be started, or None if it was (ask only once the process ended)."""
+        assert self.status_r is not None
+        os.set_blocking(self.status_r, False)
+        try:
+            status = os.read(self.status_r, 8192)
+        except BlockingIOError:
+            status = b""
+        if status == b"L":
+            return None
+        if status.startswith(b"L"):
+            return status[1:].decode(errors="replace")
+        return "the launcher did not run"
+
+    def close(self) -> None:
+        """Release pipes, cgroup and scratch directory (after :meth:`kill`)."""
+        for fd in (self.status_r, self.request_w, self.reply_r, self.init_pidfd, self.exit_fd):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.status_r = self.request_w = self.reply_r = self.init_pidfd = self.exit_fd = None
+        if self.proc is not None:
+            for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+                if stream is not None:
+                    try:
+                        stream.close()
+                    except OSError:
+                        pass
+        if self.cgroup is not None:
+            for _ in range(100):
+                self.cgroup.remove()
+                if not any(os.path.exists(d) for d in self.cgroup.dirs):
+                    break
+                time.sleep(0.01)
+            else:
+                logger.warning("cgroup %s not removed: processes still in it", self.cgroup.dirs)
+            self.cgroup = None
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
+
+
+def _signal(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _read_lines(path: str) -> List[str]:
+    try:
+        with open(path) as f:
+            return f.read().split()
+    except OSError:
+        return []
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+# --- moving bytes ------------------------------------------------------------------------------
+
+
+class _Streams:
+    """Reads a sandbox's output pipes and feeds its input pipes, never blocking on any one of them."""
+
+    def __init__(self, sandbox: _Sandbox) -> None:
+        self.sandbox = sandbox
+        self.selector = selectors.DefaultSelector()
+        self.reading: set = set()
+        self._pending: Dict[int, memoryview] = {}
+        if sandbox.exit_fd is not None:
+            self.selector.register(sandbox.exit_fd, selectors.EVENT_READ, None)
+
+    def read(self, fd: int, sink: Callable[[bytes], None]) -> None:
+        os.set_blocking(fd, False)
+        self.selector.register(fd, selectors.EVENT_READ, sink)
+        self.reading.add(fd)
+
+    def write(self, fd: int, data: bytes, on_done: Optional[Callable[[], None]] = None) -> None:
+        """Queue ``data`` for ``fd``; ``on_done`` runs once it is all written (or the reader is gone)."""
+        os.set_blocking(fd, False)
+        self._pending[fd] = memoryview(data)
+        self.selector.register(fd, selectors.EVENT_WRITE, on_done)
+
+    def run(self, deadline: float, until: Callable[[], bool]) -> bool:
+        """Move bytes until ``until()`` holds (True) or ``deadline`` passes (False)."""
+        polling = self.sandbox.exit_fd is None
+        while not until():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            for key, _events in self.selector.select(min(remaining, 0.05) if polling else remaining):
+                self._handle(key)
+            if polling:
+                self.sandbox.poll_exit()
+        return True
+
+    def drain(self, max_reads: int = 64) -> None:
+        """Read what the output pipes hold right now, without waiting."""
+        for fd in list(self.reading):
+            key = self.selector.get_key(fd)
+            for _ in range(max_reads):
+                if fd not in self.reading or not self._read(key):
+                    break
+
+    def _handle(self, key: selectors.SelectorKey) -> None:
+        if key.fd == self.sandbox.exit_fd:
+            self.selector.unregister(key.fd)
+            self.sandbox.exited = True
+        elif key.fd in self._pending:
+            self._write(key)
+        else:
+            self._read(key)
+
+    def _read(self, key: selectors.SelectorKey) -> bool:
+        try:
+            chunk = os.read(key.fd, 65536)
+        except BlockingIOError:
+            return False
+        if not chunk:
+            self.selector.unregister(key.fd)
+            self.reading.discard(key.fd)
+            return False
+        key.data(chunk)
+        return True
+
+    def _write(self, key: selectors.SelectorKey) -> None:
+        view = self._pending[key.fd]
+        try:
+            view = view[os.write(key.fd, view[:65536]) :]
+        except BlockingIOError:
+            return
+        except BrokenPipeError:
+            view = view[:0]
+        self._pending[key.fd] = view
+        if not view:
+            del self._pending[key.fd]
+            self.selector.unregister(key.fd)
+            if key.data is not None:
+                key.data()
+
+    def close(self) -> None:
+        self.selector.close()
+
+
+# --- one-shot runs -----------------------------------------------------------------------------
+
+
+def _run(spec: _Spec, *, stdin: Union[str, bytes, None], timeout_s: float, max_output_bytes: int) -> CodeExecResult:
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be positive, not {timeout_s}")
+    started = time.monotonic()
+    sandbox = _Sandbox(replace(spec, stdin=stdin is not None))
+    streams = _Streams(sandbox)
+    try:
+        stdout, stderr = _Output("stdout", max_output_bytes), _Output("stderr", max_output_bytes)
+        streams.read(sandbox.stdout, stdout.feed)
+        streams.read(sandbox.stderr, stderr.feed)
+        if stdin is not None:
+            assert sandbox.proc is not None and sandbox.proc.stdin is not None
+            data = stdin.encode() if isinstance(stdin, str) else stdin
+            streams.write(sandbox.proc.stdin.fileno(), data, on_done=sandbox.proc.stdin.close)
+        finished = streams.run(started + timeout_s, lambda: sandbox.exited)
+        # The main process is done (or out of time): nothing it started may outlive it.
+        sandbox.kill()
+        streams.run(time.monotonic() + _DRAIN_S, lambda: not streams.reading)
+        if finished:
+            error = sandbox.launch_error()
+            if error is not None:
+                raise IsolationError(f"the sandbox could not start the code: {error} {stderr.text().strip()}".strip())
+            return CodeExecResult(stdout=stdout.text(), stderr=stderr.text(), exit_code=sandbox.returncode)
+        note = _timeout_note(timeout_s, "the code was")
+        return CodeExecResult(
+            stdout=stdout.text(), stderr=_append_note(stderr.text(), note), exit_code=TIMEOUT_EXIT_CODE
+        )
+    finally:
+        streams.close()
+        sandbox.close()
+
+
+def _one_shot_limits(limits: Optional[Limits], timeout_s: float) -> Limits:
+    if limits is not None:
+        return limits
+    # One second more than the wall clock: the timeout (124), not the CPU limit (SIGKILL, 137),
+    # ends a single-threaded loop; code burning several cores at once meets the CPU limit first.
+    return replace(CODE_LIMITS, cpu_seconds=math.ceil(timeout_s) + 1)
+
+
+def run_python(
+    code: str,
+    *,
+    timeout_s: float = 10.0,
+    limits: Optional[Limits] = None,
+    network: bool = False,
+    stdin: Union[str, bytes, None] = None,
+    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+    files: Optional[Mapping[str, FileContent]] = None,
+    python: Optional[str] = None,
+    isolation: Isolation = "sandbox",
+    env: Optional[Mapping[str, str]] = None,
+) -> CodeExecResult:
+    """Run Python ``code`` in a fresh sandbox and return its output and exit status.
+
+    The code runs as a script (``__name__ == "__main__"``) with ``python`` (the path of a real
+    interpreter; default: this one, whose installed packages it can import), in ``/workspace``, which starts with
+    ``files`` (relative name -> text or bytes; modules there are importable). ``stdin`` is fed to
+    it; ``env`` adds environment variables (the place for secrets). ``limits`` default to
+    :data:`CODE_LIMITS` with ``cpu_seconds`` = the timeout + 1. ``network=True`` shares the host's
+    network. stdout and stderr each keep their first ``max_output_bytes`` bytes, then a marker.
+
+    ``exit_code`` is the code's; ``128 + N`` when signal N killed it (137: SIGKILL, e.g. out of
+    memory); 124 after ``timeout_s`` seconds, when the whole process tree is killed and a note is
+    appended to stderr. ``isolation="none"`` runs a plain subprocess with the same limits and
+    timeout, as this process's user, in a scratch directory (for development, and to show what
+    the sandbox prevents); its timeout kills the process group, and the cgroup where cgroups are
+    writable. Raises :class:`IsolationError` if the sandbox cannot be set up.
+    """
+    _check_isolation(isolation)
+    spec = _Spec(
+        argv=["{python}", "{control}/main.py"],
+        isolation=isolation,
+        limits=_one_shot_limits(limits, timeout_s),
+        network=network,
+        python=python,
+        script=code,
+        script_name="main.py",
+        files=_encode_files(files),
+        env=dict(env or {}),
+    )
+    return _run(spec, stdin=stdin, timeout_s=timeout_s, max_output_bytes=max_output_bytes)
+
+
+def _shell() -> str:
+    return "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
+
+
+def run_shell(
+    command: str,
+    *,
+    timeout_s: float = 10.0,
+    limits: Optional[Limits] = None,
+    network: bool = False,
+    stdin: Union[str, bytes, None] = None,
+    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+    files: Optional[Mapping[str, FileContent]] = None,
+    python: Optional[str] = None,
+    isolation: Isolation = "sandbox",
+    env: Optional[Mapping[str, str]] = None,
+) -> CodeExecResult:
+    """Run a shell script (bash, else sh) in a fresh sandbox; the contract of :func:`run_python`.
+
+    ``command`` may span lines; it runs in ``/workspace``. ``python`` is only the interpreter the
+    sandbox's launcher runs on; the script's own ``python3`` is whatever its PATH finds.
+    """
+    _check_isolation(isolation)
+    spec = _Spec(
+        argv=[_shell(), "{control}/main.sh"],
+        isolation=isolation,
+        limits=_one_shot_limits(limits, timeout_s),
+        network=network,
+        python=python,
+        script=command,
+        script_name="main.sh",
+        files=_encode_files(files),
+        env=dict(env or {}),
+    )
+    return _run(spec, stdin=stdin, timeout_s=timeout_s, max_output_bytes=max_output_bytes)
+
+
+async def run_python_async(code: str, **kwargs: Any) -> CodeExecResult:
+    """:func:`run_python` on a worker thread, for async code."""
+    return await asyncio.to_thread(run_python, code, **kwargs)
+
+
+async def run_shell_async(command: str, **kwargs: Any) -> CodeExecResult:
+    """:func:`run_shell` on a worker thread, for async code."""
+    return await asyncio.to_thread(run_shell, command, **kwargs)
+
+
+__all__ = [
+    "CODE_LIMITS",
+    "DEFAULT_MAX_OUTPUT_BYTES",
+    "TIMEOUT_EXIT_CODE",
+    "WORKSPACE",
+    "FileContent",
+    "Isolation",
+    "run_python",
+    "run_python_async",
+    "run_shell",
+    "run_shell_async",
+]

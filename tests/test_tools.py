@@ -1,0 +1,362 @@
+"""openenv.core.tools: untrusted code in real bubblewrap sandboxes (no mocks)."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Callable, Iterator, List
+
+import pytest
+
+from openenv.core.containers.runtime.isolation import find_bwrap
+from openenv.core.tools import (
+    TIMEOUT_EXIT_CODE,
+    IsolationError,
+    PythonREPL,
+    run_python,
+    run_python_async,
+    run_shell,
+)
+
+pytestmark = pytest.mark.skipif(find_bwrap() is None, reason="bubblewrap is not installed (apt-get install bubblewrap)")
+
+
+def processes_with(marker: str) -> List[str]:
+    """Host processes whose command line contains ``marker`` (zombies have none)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if marker.encode() in cmdline:
+                found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
+    return found
+
+
+def eventually(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def watching(marker: str) -> Iterator[List[int]]:
+    """Count, every 10 ms while the block runs, the host processes whose command line has ``marker``."""
+    seen: List[int] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            seen.append(len(processes_with(marker)))
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        yield seen
+    finally:
+        done.set()
+        watcher.join()
+
+
+def unique_seconds() -> str:
+    """A sleep duration no other process on the machine uses: a marker for /proc scans."""
+    return str(10_000_000 + uuid.uuid4().int % 10_000_000)
+
+
+@pytest.fixture
+def listener() -> Iterator[int]:
+    """A TCP listener on the host's 127.0.0.1; yields its port."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    try:
+        yield server.getsockname()[1]
+    finally:
+        server.close()
+
+
+CONNECT = """
+import socket
+try:
+    socket.create_connection(("127.0.0.1", {port}), timeout=3).close()
+    print("connected")
+except OSError as exc:
+    print("blocked", type(exc).__name__)
+"""
+
+
+# --- results -----------------------------------------------------------------------------------
+
+
+def test_stdout_stderr_and_exit_code_come_back_separately():
+    result = run_python("import sys\nprint('out')\nprint('err', file=sys.stderr)\nsys.exit(3)")
+    assert (result.stdout, result.stderr, result.exit_code) == ("out\n", "err\n", 3)
+
+
+def test_an_uncaught_exception_gives_exit_code_1_and_a_traceback():
+    result = run_python("1 / 0")
+    assert result.exit_code == 1
+    assert "ZeroDivisionError" in result.stderr
+
+
+def test_a_shell_command_runs_in_the_workspace():
+    result = run_shell("echo hello; pwd; exit 7")
+    assert (result.stdout, result.exit_code) == ("hello\n/workspace\n", 7)
+
+
+def test_a_process_killed_by_a_signal_gives_128_plus_the_signal():
+    assert run_python("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)").exit_code == 137
+
+
+def test_stdin_is_fed_to_the_code():
+    assert run_python("print(input()[::-1])", stdin="abc\n").stdout == "cba\n"
+
+
+def test_output_beyond_the_bound_is_cut_with_a_marker():
+    result = run_python("import sys\nprint('x' * 100_000)\nsys.stderr.write('y' * 100_000)", max_output_bytes=1000)
+    assert result.stdout.startswith("x" * 1000)
+    assert "[stdout truncated: 99001 more bytes not shown (limit 1000 bytes)]" in result.stdout
+    assert "[stderr truncated: 99000 more bytes not shown" in result.stderr
+    assert len(result.stdout) < 1200 and result.exit_code == 0
+
+
+def test_files_are_written_into_the_working_directory_first():
+    files = {"data.txt": "hello", "pkg/helper.py": "def double(x):\n    return 2 * x\n", "raw.bin": b"\x00\xff"}
+    code = "from pkg.helper import double\nprint(open('data.txt').read(), double(21), open('raw.bin', 'rb').read())"
+    result = run_python(code, files=files)
+    assert result.stdout == "hello 42 b'\\x00\\xff'\n", result.stderr
+
+
+def test_file_names_must_stay_inside_the_working_directory():
+    for name in ("/etc/passwd", "../escape.txt", "a/../../b"):
+        with pytest.raises(ValueError):
+            run_python("pass", files={name: "x"})
+
+
+def test_each_call_starts_from_a_fresh_workspace():
+    assert run_shell("echo kept > note.txt").exit_code == 0
+    assert run_shell("ls -A").stdout == ""
+
+
+def test_the_code_never_appears_on_a_command_line():
+    marker = f"marker_{uuid.uuid4().hex}"
+    with watching(marker) as seen:
+        result = run_python(f"import time\ntime.sleep(0.5)  # {marker}\nprint('{marker}')")
+    assert result.stdout == f"{marker}\n" and max(seen) == 0
+
+
+async def test_the_async_variant_runs_on_a_worker_thread():
+    assert (await run_python_async("print(6 * 7)")).stdout == "42\n"
+
+
+# --- limits ------------------------------------------------------------------------------------
+
+
+def test_a_timeout_kills_an_infinite_loop():
+    started = time.monotonic()
+    result = run_python("while True:\n    pass", timeout_s=1)
+    assert result.exit_code == TIMEOUT_EXIT_CODE
+    assert "timed out after 1 s" in result.stderr
+    assert time.monotonic() - started < 4
+
+
+def test_a_timeout_kills_every_process_the_code_started():
+    seconds = unique_seconds()
+    script = f"""
+sleep {seconds} &
+(setsid sleep {seconds} &)
+nohup sleep {seconds} > /dev/null 2>&1 &
+python3 -c 'import os
+if os.fork() == 0:
+    os.setsid()
+    os.execvp("sleep", ["sleep", "{seconds}"])'
+echo started
+while true; do :; done
+"""
+    with watching(seconds) as seen:
+        result = run_shell(script, timeout_s=1.5)
+    assert result.exit_code == TIMEOUT_EXIT_CODE and result.stdout == "started\n"
+    assert max(seen) == 4  # all four were running
+    assert processes_with(seconds) == []
+
+
+def test_background_processes_die_when_the_code_ends():
+    seconds = unique_seconds()
+    result = run_shell(f"(setsid sleep {seconds} > /dev/null 2>&1 &); echo done", timeout_s=5)
+    assert (result.stdout, result.exit_code) == ("done\n", 0)
+    assert processes_with(seconds) == []
+
+
+def test_allocating_2_gb_fails():
+    result = run_python("block = bytearray(2 * 1024**3)\nprint('allocated')")
+    assert result.stdout == ""
+    assert result.exit_code == 137 or "MemoryError" in result.stderr
+
+
+def test_processes_are_bounded():
+    code = """
+import os, time
+count = 0
+try:
+    while True:
+        if os.fork() == 0:
+            time.sleep(3)
+            os._exit(0)
+        count += 1
+except OSError:
+    print(count)
+"""
+    result = run_python(code, timeout_s=5)
+    assert result.exit_code == 0 and int(result.stdout) < 64
+
+
+def test_a_fork_bomb_is_bounded_and_the_call_returns():
+    started = time.monotonic()
+    result = run_shell(":(){ :|:& };:\nsleep 1", timeout_s=2)
+    assert result.exit_code in (0, TIMEOUT_EXIT_CODE)
+    assert time.monotonic() - started < 6
+    assert run_shell("echo still fine").stdout == "still fine\n"
+
+
+# --- isolation ---------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root drops to a fresh uid")
+def test_the_code_runs_as_an_unprivileged_uid():
+    result = run_python("import os\nprint(os.getuid(), os.geteuid(), os.getgid())")
+    uid, euid, gid = map(int, result.stdout.split())
+    assert uid == euid == gid and uid >= 1_000_000
+
+
+def test_the_code_cannot_reach_the_network(listener):
+    assert run_python(CONNECT.format(port=listener)).stdout.startswith("blocked")
+
+
+def test_the_network_is_shared_when_asked(listener):
+    assert run_python(CONNECT.format(port=listener), network=True).stdout == "connected\n"
+
+
+def test_host_files_in_home_and_tmp_are_invisible(tmp_path):
+    secret_home = Path.home() / f"openenv-test-secret-{uuid.uuid4().hex}.txt"
+    secret_tmp = tmp_path / "secret.txt"
+    code = f"for path in ({str(secret_home)!r}, {str(secret_tmp)!r}):\n    print(open(path).read())"
+    try:
+        secret_home.write_text("home secret")
+        secret_tmp.write_text("tmp secret")
+        result = run_python(code)
+        assert result.exit_code == 1 and "FileNotFoundError" in result.stderr and result.stdout == ""
+    finally:
+        secret_home.unlink(missing_ok=True)
+
+
+def test_the_system_is_read_only():
+    name = f"openenv-probe-{uuid.uuid4().hex}"
+    probes = [Path("/usr") / name, Path("/etc") / name, Path("/") / name]
+    try:
+        result = run_shell("; ".join(f"touch {p} 2>/dev/null || echo refused" for p in probes))
+        assert result.stdout == "refused\n" * 3
+    finally:
+        for probe in probes:
+            probe.unlink(missing_ok=True)
+
+
+# --- without a sandbox: the same attacks work ---------------------------------------------------
+
+
+def test_without_a_sandbox_the_network_and_host_files_are_reachable(listener, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("tmp secret")
+    assert run_python(CONNECT.format(port=listener), isolation="none").stdout == "connected\n"
+    assert run_python(f"print(open({str(secret)!r}).read())", isolation="none").stdout == "tmp secret\n"
+
+
+def test_without_a_sandbox_the_timeout_still_kills_the_process_group():
+    seconds = unique_seconds()
+    result = run_shell(f"sleep {seconds} &\nwhile true; do :; done", timeout_s=1, isolation="none")
+    assert result.exit_code == TIMEOUT_EXIT_CODE
+    assert processes_with(seconds) == []
+
+
+def test_a_missing_bwrap_raises_isolation_error_with_advice(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(IsolationError, match="apt-get install bubblewrap"):
+        run_python("pass")
+
+
+# --- the persistent REPL -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def repl() -> Iterator[PythonREPL]:
+    with PythonREPL() as repl:
+        yield repl
+
+
+def test_the_repl_keeps_globals_and_echoes_the_last_expression(repl):
+    assert repl.execute("import math\nx = 41").stdout == ""
+    assert repl.execute("x + 1").stdout == "42\n"
+    assert repl.execute("print(math.pi > 3); None").stdout == "True\n"
+
+
+def test_an_exception_in_the_repl_keeps_its_state(repl):
+    repl.execute("x = 1")
+    failed = repl.execute("y = x / 0")
+    assert failed.exit_code == 1 and "ZeroDivisionError" in failed.stderr and "<cell 2>" in failed.stderr
+    assert repl.execute("x").stdout == "1\n"
+
+
+def test_running_out_of_memory_in_the_repl_keeps_its_state(repl):
+    repl.execute("x = 1")
+    failed = repl.execute("block = bytearray(2 * 1024**3)")
+    assert failed.exit_code == 1 and "MemoryError" in failed.stderr
+    assert repl.execute("x").stdout == "1\n"
+
+
+def test_the_repl_restarts_fresh_after_a_timeout(repl):
+    repl.execute("x = 1")
+    timed_out = repl.execute("while True:\n    pass", timeout_s=1)
+    assert timed_out.exit_code == TIMEOUT_EXIT_CODE and "state is lost" in timed_out.stderr
+    after = repl.execute("print('alive'); 'x' in globals()")
+    assert after.stdout == "alive\nFalse\n"
+    assert "fresh REPL worker" in after.stderr and after.exit_code == 0
+
+
+def test_the_repl_restarts_after_its_worker_dies(repl):
+    died = repl.execute("import os\nos._exit(9)")
+    assert died.exit_code == 9 and "died" in died.stderr
+    assert repl.execute("1 + 1").stdout == "2\n"
+
+
+def test_the_repl_restarts_after_its_worker_dies_between_calls(repl):
+    repl.execute("import os, threading\nthreading.Timer(0.1, os._exit, [5]).start()")
+    time.sleep(0.5)
+    result = repl.execute("1 + 1")
+    assert result.stdout == "2\n" and "previous worker died (exit code 5)" in result.stderr
+
+
+def test_the_repl_runs_sandboxed_and_reset_clears_it(repl, listener):
+    repl.execute("x = 1")
+    assert repl.execute(CONNECT.format(port=listener)).stdout.startswith("blocked")
+    repl.reset()
+    result = repl.execute("'x' in globals()")
+    assert (result.stdout, result.stderr) == ("False\n", "")
+
+
+def test_an_unclosed_repl_is_killed_when_collected():
+    seconds = unique_seconds()
+    repl = PythonREPL()
+    repl.execute(f"import subprocess\nsleeper = subprocess.Popen(['sleep', '{seconds}'])")
+    eventually(lambda: processes_with(seconds) != [])  # a fresh process's cmdline shows up a moment after exec
+    del repl
+    gc.collect()
+    assert processes_with(seconds) == []
