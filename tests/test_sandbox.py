@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -235,7 +236,10 @@ def test_sandboxes_of_one_package_do_not_share_a_uid_or_a_tmp():
             provider.stop()
     (uid_a, tmp_a, pid_a), (uid_b, tmp_b, pid_b) = (eval(s) for s in seen)
     assert uid_a != uid_b and uid_a != 0 and uid_b != 0
-    assert tmp_a == tmp_b == ["mark"]  # each sees only its own /tmp
+    # Each sees only its own /tmp: its mark, plus (read-only) the code when the checkout or the
+    # venv lives under /tmp, as in a fresh clone there.
+    code = {Path(p).parts[2] for p in (str(ROOT), os.path.realpath(sys.prefix)) if p.startswith("/tmp/")}
+    assert set(tmp_a) - code == set(tmp_b) - code == {"mark"}
     assert pid_a == pid_b == 1  # each is pid 1 of its own pid namespace
 
 
@@ -267,3 +271,27 @@ def test_zygote_errors_are_clear_when_the_zygote_dies():
     assert _echo_round_trip(again.base_url)[0] == "Echo environment ready!"
     again.stop()
     assert sandbox_module._ZYGOTES  # the replacement is kept for the next start
+
+
+def test_a_package_under_tmp_stays_visible_to_warm_sandbox_servers(tmp_path):
+    # Servers forked by the zygote get a fresh /tmp; code that lived there (a checkout, a venv)
+    # must stay visible, read-only, on top of it.
+    project = tmp_path / "escape_copy"
+    shutil.copytree(ESCAPE, project, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    provider = SandboxProvider(str(project))
+    try:
+        url = provider.start()
+        provider.wait_for_ready(30)
+        with GenericEnvClient(base_url=url).sync() as env:
+            env.reset()
+            code = (
+                f"p = {str(project / 'openenv.yaml')!r}\n"
+                "seen = open(p).read()\n"
+                "try:\n    open(p, 'a').write('x'); wrote = True\nexcept OSError:\n    wrote = False\n"
+                "result = (len(seen), wrote)"
+            )
+            size, wrote = eval(env.step({"code": code}).observation["result"])
+    finally:
+        provider.stop()
+    assert size == (project / "openenv.yaml").stat().st_size
+    assert wrote is False

@@ -17,9 +17,11 @@ CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 
+MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
 MS_NOEXEC = 8
+MS_REMOUNT = 32
 MS_BIND = 4096
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
@@ -72,6 +74,11 @@ def mount_proc(target: str = "/proc") -> None:
 
 def bind_mount(source: str, target: str) -> None:
     mount(source, target, None, MS_BIND | MS_REC)
+
+
+def bind_mount_readonly(source: str, target: str) -> None:
+    mount(source, target, None, MS_BIND | MS_REC)
+    mount("none", target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:

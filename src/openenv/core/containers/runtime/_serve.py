@@ -96,9 +96,11 @@ class Zygote:
         self.root = config["root"]  # the shared socket root inside the zygote's sandbox
         self.network = bool(config.get("network"))
         self.cgroups = [p for p in config.get("cgroups", []) if os.path.isdir(p)]
+        self.tmp_views = [p for p in config.get("tmp_views", []) if os.path.isdir(p)]
         self.log_level = config.get("log_level", "warning")
         self.children: Dict[str, int] = {}
         self.exited: Dict[str, int] = {}
+        self.last_words: Dict[str, str] = {}  # the log tail of servers that exited on their own
         self.app = _import_app(config["app"], config.get("project_dir"))
         _warm_up(self.app)
         import threading
@@ -149,7 +151,12 @@ class Zygote:
         if op == "status":
             server_id = request["id"]
             if server_id in self.exited:
-                return {"ok": True, "running": False, "exit_code": self.exited[server_id]}
+                return {
+                    "ok": True,
+                    "running": False,
+                    "exit_code": self.exited[server_id],
+                    "log": self.last_words.get(server_id, ""),
+                }
             return {"ok": True, "running": server_id in self.children}
         if op == "ping":
             return {"ok": True, "servers": len(self.children)}
@@ -171,6 +178,7 @@ class Zygote:
                 if child == pid:
                     del self.children[server_id]
                     self.exited[server_id] = os.waitstatus_to_exitcode(status)
+                    self.last_words[server_id] = _log_tail(os.path.join(self.root, server_id, LOG_NAME))
                     self._cleanup(server_id)
 
     def spawn(self, request: Dict[str, Any]) -> Dict[str, Any]:
@@ -214,7 +222,12 @@ class Zygote:
             flags |= _linux.CLONE_NEWNET
         _linux.unshare(flags)
         _linux.make_mounts_private()
+        views = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in self.tmp_views]
         _linux.mount_tmpfs("/tmp", size_mb=limits.tmp_size_mb)
+        for path, fd in views:  # the code directories under /tmp, hidden by the fresh tmpfs
+            os.makedirs(path, 0o755, exist_ok=True)
+            _linux.bind_mount_readonly(f"/proc/self/fd/{fd}", path)
+            os.close(fd)
         _linux.bind_mount(directory, SERVER_DIR)
         _linux.mount_tmpfs(self.root, mode="0000", size_mb=1)  # hide the other servers and the control socket
         for path in self.cgroups:
@@ -266,6 +279,7 @@ class Zygote:
         pid = self.children.get(server_id)
         if pid is None:
             self._cleanup(server_id)
+            self.last_words.pop(server_id, None)
             return {"ok": True, "exit_code": self.exited.pop(server_id, None)}
         _forward(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
@@ -297,6 +311,16 @@ class Zygote:
                         break
                     time.sleep(0.01)
         shutil.rmtree(os.path.join(self.root, server_id), ignore_errors=True)
+
+
+def _log_tail(path: str, size: int = 4096) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - size))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _limit(path: str, limits: Limits) -> None:

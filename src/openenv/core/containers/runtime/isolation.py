@@ -176,6 +176,7 @@ class BwrapCommand:
         if not network:
             self.args.append("--unshare-net")
         self._dirs: set = {"/"}
+        self.views: List[str] = []  # the read-only code directories bound by view()
         for path in SYSTEM_LINKS:
             if os.path.islink(path):
                 self.args += ["--symlink", os.readlink(path), path]
@@ -242,6 +243,7 @@ class BwrapCommand:
         for path in _outermost([*runtime.paths, *(os.path.realpath(p) for p in extra)]):
             if not any(path == d or path.startswith(d.rstrip("/") + "/") for d in SYSTEM_DIRS if os.path.isdir(d)):
                 self.ro_bind(path)
+                self.views.append(path)
         return self
 
     def command(self, argv: Sequence[str]) -> List[str]:

@@ -163,6 +163,9 @@ class _Zygote:
             "project_dir": project_dir,
             "network": network,
             "cgroups": inside_cgroups,
+            # Code that lives under /tmp (a checkout, a venv) is bound over the sandbox's /tmp;
+            # each server gets its own /tmp and needs these bound again on top of it.
+            "tmp_views": [p for p in command.views if p.startswith("/tmp/")],
             "log_level": log_level,
         }
         env = sandbox_environment({**env, "OPENENV_SANDBOX_CONFIG": json.dumps(config)})
@@ -299,6 +302,7 @@ class SandboxProvider(RuntimeProvider):
         if isolation == "sandbox":
             require_bwrap()
         self._server_id: Optional[str] = None
+        self._last_words = ""
         self._zygote: Optional[_Zygote] = None
         self._process: Optional[subprocess.Popen] = None
         self._dir: Optional[Path] = None
@@ -433,7 +437,9 @@ class SandboxProvider(RuntimeProvider):
         while not self._accepting():
             exit_code = self._exit_code()
             if exit_code is not None:
-                log = _tail(self._dir / "server.log")
+                log = self._last_words or _tail(self._dir / "server.log")
+                if self._zygote is not None and not self._zygote.alive:
+                    log = f"the sandbox's zygote died:\n{_tail(self._zygote.log)}"
                 self.stop()
                 raise RuntimeError(f"{self.name} exited with code {exit_code} while starting:\n{log}")
             if time.monotonic() > deadline:
@@ -449,7 +455,10 @@ class SandboxProvider(RuntimeProvider):
             if not self._zygote.alive:
                 return -1
             status = self._zygote.request({"op": "status", "id": self._server_id})
-            return None if status.get("running") else status.get("exit_code", -1)
+            if status.get("running"):
+                return None
+            self._last_words = status.get("log") or ""
+            return status.get("exit_code", -1)
         return None
 
     def stop(self, grace_s: float = 5.0) -> None:
