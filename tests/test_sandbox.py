@@ -145,19 +145,31 @@ def _ours(marker: str) -> list:
     return found
 
 
+def _our_host_dirs() -> set:
+    """This process's sandbox directories in /tmp (other test runs may have theirs there too)."""
+    mine = set()
+    for path in Path("/tmp").glob("openenv-s*"):
+        try:
+            if int((path / "owner").read_text()) == os.getpid():
+                mine.add(path)
+        except (OSError, ValueError):
+            continue
+    return mine
+
+
 def test_a_hundred_start_stop_cycles_leave_nothing_behind():
     shutdown_sandboxes()
-    before_dirs = set(Path("/tmp").glob("openenv-s*"))
+    assert _our_host_dirs() == set()
     for _ in range(100):
         provider = SandboxProvider(str(ECHO))
         provider.start()
         provider.wait_for_ready(30)
         provider.stop()
-    zygote_dirs = set(Path("/tmp").glob("openenv-s*")) - before_dirs
+    zygote_dirs = _our_host_dirs()
     assert len(zygote_dirs) == 1  # only the zygote's, with no server directory left in it
     assert sorted(p.name for p in next(iter(zygote_dirs)).iterdir()) == ["control.sock", "owner", "zygote.log"]
     shutdown_sandboxes()
-    assert set(Path("/tmp").glob("openenv-s*")) == before_dirs
+    assert _our_host_dirs() == set()
     assert not _ours("openenv.core.containers.runtime._serve")
 
 

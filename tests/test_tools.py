@@ -10,7 +10,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Iterator, List
+from typing import Callable, Iterator, List, Optional
 
 import pytest
 
@@ -27,8 +27,12 @@ from openenv.core.tools import (
 pytestmark = pytest.mark.skipif(find_bwrap() is None, reason="bubblewrap is not installed (apt-get install bubblewrap)")
 
 
-def processes_with(marker: str) -> List[str]:
-    """Host processes whose command line contains ``marker`` (zombies have none)."""
+def processes_with(marker: str, program: Optional[str] = None) -> List[str]:
+    """Host processes whose command line contains ``marker`` (zombies have none).
+
+    With ``program``, only those running it (a shell or Python that forks on its way to exec'ing
+    ``program`` carries the marker for a moment too).
+    """
     found = []
     for pid in os.listdir("/proc"):
         if pid.isdigit():
@@ -37,6 +41,8 @@ def processes_with(marker: str) -> List[str]:
             except OSError:
                 continue
             if marker.encode() in cmdline:
+                if program is not None and os.path.basename(cmdline.split(b"\0")[0]) != program.encode():
+                    continue
                 found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
     return found
 
@@ -49,14 +55,14 @@ def eventually(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
 
 
 @contextlib.contextmanager
-def watching(marker: str) -> Iterator[List[int]]:
-    """Count, every 10 ms while the block runs, the host processes whose command line has ``marker``."""
+def watching(marker: str, program: Optional[str] = None) -> Iterator[List[int]]:
+    """Count, every 10 ms while the block runs, the host processes ``processes_with`` finds."""
     seen: List[int] = []
     done = threading.Event()
 
     def watch() -> None:
         while not done.is_set():
-            seen.append(len(processes_with(marker)))
+            seen.append(len(processes_with(marker, program)))
             time.sleep(0.01)
 
     watcher = threading.Thread(target=watch)
@@ -183,7 +189,7 @@ if os.fork() == 0:
 echo started
 while true; do :; done
 """
-    with watching(seconds) as seen:
+    with watching(seconds, program="sleep") as seen:
         result = run_shell(script, timeout_s=1.5)
     assert result.exit_code == TIMEOUT_EXIT_CODE and result.stdout == "started\n"
     assert max(seen) == 4  # all four were running

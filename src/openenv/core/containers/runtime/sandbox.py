@@ -196,16 +196,24 @@ class _Zygote:
         return self.process.poll() is None
 
     def request(self, message: Dict[str, Any], timeout_s: float = 30.0) -> Dict[str, Any]:
-        with self.lock, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(timeout_s)
-            s.connect(str(self.host_dir / "control.sock"))
-            s.sendall(json.dumps(message).encode() + b"\n")
-            data = b""
-            while not data.endswith(b"\n"):
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
+        data = b""
+        try:
+            with self.lock, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(timeout_s)
+                s.connect(str(self.host_dir / "control.sock"))
+                s.sendall(json.dumps(message).encode() + b"\n")
+                while not data.endswith(b"\n"):
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+        except OSError as exc:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(0.2)  # a zygote that is dying: let it finish, so `alive` tells
+            state = "is still running" if self.alive else f"exited with code {self.process.returncode}"
+            raise IsolationError(
+                f"the sandbox's zygote failed to answer {message.get('op')!r} ({exc}); it {state}:\n{_tail(self.log)}"
+            ) from None
         if not data:
             raise IsolationError(f"the sandbox's zygote did not answer:\n{_tail(self.log)}")
         reply = json.loads(data)
@@ -316,6 +324,11 @@ class SandboxProvider(RuntimeProvider):
     def socket_path(self) -> Optional[Path]:
         return self._dir / SOCKET_NAME if self._dir is not None else None
 
+    @property
+    def log_path(self) -> Optional[Path]:
+        """The server's stdout and stderr, while it runs (the directory goes when it stops)."""
+        return self._dir / "server.log" if self._dir is not None else None
+
     # --- starting ---------------------------------------------------------------------------
 
     def start(self, port: Optional[int] = None, env_vars: Optional[Dict[str, str]] = None, **kwargs: Any) -> str:
@@ -353,29 +366,20 @@ class SandboxProvider(RuntimeProvider):
             self.log_level,
             tuple(sorted(env.items())),
         )
-        zygote = _zygote(
-            key,
-            self.python,
-            self.project_dir,
-            self.app,
-            self.network,
-            self.limits.tmp_size_mb,
-            self.log_level,
-            self.start_timeout_s,
-            env,
-        )
+        args = (self.python, self.project_dir, self.app, self.network, self.limits.tmp_size_mb, self.log_level)
         server_id = uuid.uuid4().hex[:16]
         uid = sandbox_uid()
-        zygote.request(
-            {
-                "op": "spawn",
-                "id": server_id,
-                "uid": uid,
-                "gid": uid,
-                "limits": json.loads(self.limits.to_json()),
-                "env": env,
-            }
-        )
+        spawn = {"op": "spawn", "id": server_id, "uid": uid, "gid": uid, "limits": json.loads(self.limits.to_json())}
+        for attempt in (1, 2):
+            zygote = _zygote(key, *args, self.start_timeout_s, env)
+            try:
+                zygote.request({**spawn, "env": env})
+                break
+            except IsolationError:
+                if attempt == 2 or zygote.alive:
+                    raise
+                # It died between two starts (killed from outside, say): a fresh one takes over.
+                logger.warning("the sandbox's zygote for %s died; starting a fresh one", self.name)
         self._zygote, self._server_id = zygote, server_id
         self._dir = zygote.host_dir / server_id
 
