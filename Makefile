@@ -4,17 +4,19 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
+# Every environment package of the catalogue (envs/<name>_env), installed editable with its dependencies.
+ENVS := $(sort $(patsubst %/pyproject.toml,%,$(wildcard envs/*_env/pyproject.toml)))
 
 .PHONY: setup demo test lint format bench interop clean
 
-$(STAMP): pyproject.toml envs/echo_env/pyproject.toml
+$(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(ENVS))
 	bash scripts/install-bubblewrap.sh
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -e ".[dev]" -e envs/echo_env
+	$(PIP) install --quiet -e ".[dev]" $(addprefix -e ,$(ENVS))
 	touch $(STAMP)
 
-setup: $(STAMP)  ## create .venv with the project, its dev tools and the echo environment
+setup: $(STAMP)  ## create .venv with the project, its dev tools and every environment package
 
 demo: setup  ## start the echo environment and run its quick-start against it
 	$(PY) examples/echo_demo.py

@@ -98,6 +98,7 @@ class HTTPEnvServer:
     ``max_concurrent_envs > 1`` the environment must declare ``SUPPORTS_CONCURRENT_SESSIONS``.
     ``step_timeout_s`` (or ``$OPENENV_STEP_TIMEOUT_S``) bounds every reset/step/state/tool call;
     ``max_message_size_mb`` (or ``$OPENENV_MAX_MESSAGE_MB``) bounds frames and request bodies.
+    ``$OPENENV_MAX_SESSIONS``, when set, overrides the number of concurrent sessions.
     """
 
     def __init__(
@@ -125,6 +126,11 @@ class HTTPEnvServer:
             raise ValueError("Pass either max_concurrent_envs or concurrency_config, not both")
         if concurrency_config is None:
             concurrency_config = ConcurrencyConfig(max_concurrent_envs=max_concurrent_envs or 1)
+        override = os.environ.get("OPENENV_MAX_SESSIONS", "").strip()
+        if override:  # the deployment decides (`openenv serve --max-sessions N` sets it)
+            if not override.isdigit() or int(override) < 1:
+                raise ValueError(f"OPENENV_MAX_SESSIONS must be a positive integer, got {override!r}")
+            concurrency_config = concurrency_config.model_copy(update={"max_concurrent_envs": int(override)})
         self._concurrency_config = concurrency_config
         self.action_cls = action_cls
         self.observation_cls = observation_cls

@@ -1,0 +1,1 @@
+"""The ``openenv`` command line: scaffold, serve, validate, build, publish and list environments."""

@@ -1,0 +1,1 @@
+"""One module per ``openenv`` command; each has ``register(app)``."""

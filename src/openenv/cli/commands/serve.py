@@ -1,0 +1,289 @@
+"""``openenv serve``: run an environment package's server, sandboxed, behind a TCP address."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import errno
+import importlib.util
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import typer
+
+from openenv.cli._common import CLIError, err, load_package
+from openenv.core.manifest import EnvManifest
+
+_WATCH_SUFFIXES = (".py", ".yaml", ".yml", ".json", ".toml", ".txt")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("serve")
+    def serve(
+        path: str = typer.Argument(
+            ".", metavar="PATH", help="The environment package (a directory with openenv.yaml)."
+        ),
+        host: str = typer.Option(
+            "127.0.0.1", "--host", metavar="HOST", help="Address to listen on; 0.0.0.0 accepts remote clients."
+        ),
+        port: int = typer.Option(
+            8000, "--port", "-p", metavar="PORT", help="TCP port to listen on (0 picks a free one)."
+        ),
+        sandbox: bool = typer.Option(
+            True,
+            "--sandbox/--no-sandbox",
+            metavar="",
+            help="Run the server in the bubblewrap sandbox (default) or as a plain process.",
+        ),
+        reload: bool = typer.Option(
+            False, "--reload", metavar="", help="Restart the server when the package's files change."
+        ),
+        max_sessions: Optional[int] = typer.Option(
+            None,
+            "--max-sessions",
+            min=1,
+            metavar="N",
+            help="Concurrent sessions the server holds (default: what the app says).",
+        ),
+        network: bool = typer.Option(
+            False, "--network", metavar="", help="Let the sandboxed server reach the network."
+        ),
+        memory_mb: int = typer.Option(
+            2048, "--memory-mb", min=64, metavar="MB", help="Memory limit of the sandboxed server."
+        ),
+        env: List[str] = typer.Option(
+            [], "--env", "-e", metavar="KEY=VALUE", help="KEY=VALUE for the server's environment (repeatable)."
+        ),
+    ) -> None:
+        """Serve an environment on [bold]http://HOST:PORT[/], in the sandbox unless told otherwise.
+
+        The server runs isolated (its own namespaces, no network, a read-only system, memory and process limits) and listens on a Unix socket; this command forwards TCP connections to it, prints the server's log and a client snippet to paste. Ctrl-C stops everything.
+        """
+        manifest = load_package(path)
+        env_vars = _parse_env(env)
+        if max_sessions is not None:
+            env_vars["OPENENV_MAX_SESSIONS"] = str(max_sessions)
+        server = _Serve(manifest, host, port, sandbox, reload, env_vars, network, memory_mb)
+        raise typer.Exit(server.run())
+
+
+def _parse_env(pairs: List[str]) -> Dict[str, str]:
+    values: Dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise CLIError(f"--env takes KEY=VALUE, got {pair!r}")
+        values[key.strip()] = value
+    return values
+
+
+class _Serve:
+    def __init__(
+        self,
+        manifest: EnvManifest,
+        host: str,
+        port: int,
+        sandbox: bool,
+        reload: bool,
+        env_vars: Dict[str, str],
+        network: bool,
+        memory_mb: int,
+    ) -> None:
+        self.manifest = manifest
+        self.host, self.port = host, port
+        self.sandbox, self.reload = sandbox, reload
+        self.env_vars, self.network, self.memory_mb = env_vars, network, memory_mb
+        self.provider = None
+        self._log_path: Optional[Path] = None
+        self._log_offset = 0
+
+    # --- the server in its sandbox ---------------------------------------------------------------
+
+    def _new_provider(self):
+        from openenv.core.containers.runtime import SandboxProvider
+        from openenv.core.containers.runtime.isolation import IsolationError
+
+        try:
+            return SandboxProvider(
+                str(self.manifest.path),
+                isolation="sandbox" if self.sandbox else "none",
+                network=self.network,
+                memory_mb=self.memory_mb,
+                env_vars=self.env_vars,
+                # A reloading server must import the changed code: no warm zygote holding the old.
+                warm=not self.reload,
+                log_level="info",
+            )
+        except IsolationError as exc:
+            raise CLIError(f"{exc}\n(or serve without isolation: --no-sandbox)") from None
+
+    def _start_provider(self):
+        provider = self._new_provider()
+        try:
+            provider.start()
+            provider.wait_for_ready(60)
+        except BaseException as exc:
+            provider.stop()
+            if isinstance(exc, (RuntimeError, TimeoutError, OSError)):
+                raise CLIError(str(exc)) from None
+            raise
+        return provider
+
+    # --- the TCP front ----------------------------------------------------------------------------
+
+    def run(self) -> int:
+        try:
+            return asyncio.run(self._main())
+        except KeyboardInterrupt:
+            return 130
+
+    async def _main(self) -> int:
+        from openenv.core.containers.runtime.forward import UnixForwarder
+
+        loop = asyncio.get_running_loop()
+        forwarder = UnixForwarder("", self.host, self.port)
+        try:
+            host, port = await forwarder.start()  # the port first: fail before starting anything
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise CLIError(
+                    f"port {self.port} on {self.host} is in use; pick another with --port (0 picks a free one)"
+                ) from None
+            raise CLIError(f"cannot listen on {self.host}:{self.port}: {exc}") from None
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        watcher: Optional[asyncio.Task] = None
+        try:
+            mode = "sandboxed" if self.sandbox else "WITHOUT isolation"
+            with err.status(f"Starting {self.manifest.name} ({mode})..."):
+                self.provider = await loop.run_in_executor(None, self._start_provider)
+            forwarder.retarget(self.provider.base_url)
+            self._announce(host, port)
+            follower = asyncio.ensure_future(self._follow_log())
+            if self.reload:
+                watcher = asyncio.ensure_future(self._watch(forwarder))
+            await stop.wait()
+            follower.cancel()
+            self._copy_log()  # what the server said last
+            err.print("Stopping...")
+            return 0
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            await forwarder.close()
+            if self.provider is not None:
+                await loop.run_in_executor(None, self.provider.stop)
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+            err.print("Stopped.")
+
+    async def _follow_log(self) -> None:
+        """Copy the server's log to stderr as it grows (across reloads)."""
+        while True:
+            self._copy_log()
+            await asyncio.sleep(0.2)
+
+    def _copy_log(self) -> None:
+        path = self.provider.log_path if self.provider is not None else None
+        if path != self._log_path:
+            self._log_path, self._log_offset = path, 0
+        if path is None:
+            return
+        try:
+            with open(path, "rb") as f:
+                f.seek(self._log_offset)
+                chunk = f.read()
+        except OSError:
+            return
+        complete = chunk.rfind(b"\n") + 1  # whole lines only
+        if complete:
+            self._log_offset += complete
+            sys.stderr.write(chunk[:complete].decode(errors="replace"))
+            sys.stderr.flush()
+
+    async def _watch(self, forwarder) -> None:
+        from watchfiles import awatch
+
+        loop = asyncio.get_running_loop()
+
+        def relevant(_change, changed: str) -> bool:
+            return "__pycache__" not in changed and changed.endswith(_WATCH_SUFFIXES)
+
+        async for changes in awatch(str(self.manifest.path), watch_filter=relevant):
+            names = ", ".join(sorted({os.path.relpath(p, self.manifest.path) for _, p in changes}))
+            err.print(f"[yellow]Changed:[/] {names}; restarting the server...")
+            try:
+                fresh = await loop.run_in_executor(None, self._start_provider)
+            except CLIError as exc:
+                err.print(f"[bold red]The changed code does not start[/] (still serving the previous one):\n{exc}")
+                continue
+            old, self.provider = self.provider, fresh
+            forwarder.retarget(fresh.base_url)
+            if old is not None:
+                await loop.run_in_executor(None, old.stop)
+            err.print("[green]Reloaded.[/]")
+
+    def _announce(self, host: str, port: int) -> None:
+        shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+        url = f"http://{shown}:{port}"
+        isolation = (
+            f"sandboxed: {'with' if self.network else 'no'} network, {self.memory_mb} MiB memory limit"
+            if self.sandbox
+            else "NOT isolated: it can reach this machine's files and network"
+        )
+        err.print(f"[bold green]Serving[/] {self.manifest.name} at [bold]{url}[/] ({isolation})")
+        if host in ("0.0.0.0", "::"):
+            err.print("[yellow]Listening on every interface: anyone who can reach this machine can use it.[/]")
+        err.print("Paste this into Python to use it (Ctrl-C here stops the server):\n")
+        sys.stdout.write(f"{url}\n\n{client_snippet(self.manifest.path, url)}\n\n")
+        sys.stdout.flush()
+
+
+# --- the client snippet ---------------------------------------------------------------------------
+
+_MCP_BASES = {"MCPToolClient", "MCPClientBase"}
+
+
+def _client_class(package_dir: Path) -> Optional[tuple]:
+    """``(class name, is_mcp)`` of the package's client in ``client.py`` (read, not imported)."""
+    source = package_dir / "client.py"
+    try:
+        tree = ast.parse(source.read_text())
+    except (OSError, SyntaxError):
+        return None
+    found = []
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            bases = {ast.unparse(b).split("[")[0].split(".")[-1] for b in node.bases}
+            if bases & (_MCP_BASES | {"EnvClient"}):
+                found.append((node.name, bool(bases & _MCP_BASES)))
+    return found[0] if found else None
+
+
+def client_snippet(package_dir: Path, url: str) -> str:
+    """Python that connects to ``url`` with the package's own client (or the generic one)."""
+    module = package_dir.name
+    client = _client_class(package_dir)
+    lines: List[str] = []
+    if client is not None and module.isidentifier():
+        name, is_mcp = client
+        if importlib.util.find_spec(module) is None:
+            lines.append(f"# first: pip install -e {package_dir}")
+        lines.append(f"from {module} import {name}")
+        lines.append("")
+        lines.append(f'with {name}(base_url="{url}").sync() as env:')
+        lines.append("    result = env.reset()")
+        lines.append("    print(result.observation)")
+        if is_mcp:
+            lines.append("    print([tool.name for tool in env.list_tools()])")
+    else:
+        lines.append("from openenv.core import GenericEnvClient")
+        lines.append("")
+        lines.append(f'with GenericEnvClient(base_url="{url}").sync() as env:')
+        lines.append("    result = env.reset()")
+        lines.append("    print(result.observation)")
+    return "\n".join(lines)

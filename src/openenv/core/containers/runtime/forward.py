@@ -1,0 +1,111 @@
+"""A TCP front for a server that listens on a Unix socket.
+
+Sandboxed servers listen on a Unix socket in their own directory (no network namespace to
+reach). :class:`UnixForwarder` accepts TCP connections and relays each one, byte for byte, to
+that socket: HTTP, WebSocket upgrades and everything after them pass through untouched, so
+``http://127.0.0.1:8000`` reaches the sandbox with any client. The target may change while it
+runs (``openenv serve --reload`` swaps in a restarted server): connections open at the time
+stay on the old server, new ones go to the new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Optional, Set, Tuple
+
+logger = logging.getLogger(__name__)
+
+_CHUNK = 256 * 1024
+_UNAVAILABLE = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
+    b'content-length: 62\r\n\r\n{"detail":"the environment server is not available right now."}'
+)
+
+
+def _strip_unix(target: str) -> str:
+    return target[len("unix://") :] if target.startswith("unix://") else target
+
+
+class UnixForwarder:
+    """Relay TCP connections on ``host:port`` to the Unix socket ``target`` (a path or ``unix://``)."""
+
+    def __init__(self, target: str, host: str = "127.0.0.1", port: int = 8000) -> None:
+        self.target = _strip_unix(target)
+        self.host = host
+        self.port = port
+        self._server: Optional[asyncio.AbstractServer] = None
+        self._tasks: Set[asyncio.Task] = set()
+
+    @property
+    def address(self) -> Tuple[str, int]:
+        """The bound ``(host, port)`` (the real port when 0 was asked for)."""
+        if self._server is None or not self._server.sockets:
+            raise RuntimeError("start() the forwarder first")
+        return self._server.sockets[0].getsockname()[:2]
+
+    def retarget(self, target: str) -> None:
+        """Send new connections to ``target`` from now on."""
+        self.target = _strip_unix(target)
+
+    async def start(self) -> Tuple[str, int]:
+        """Bind and start accepting; ``OSError`` (e.g. the port is taken) propagates."""
+        self._server = await asyncio.start_server(self._accept, self.host, self.port, limit=_CHUNK, backlog=512)
+        return self.address
+
+    async def close(self) -> None:
+        """Stop accepting and cut every relayed connection."""
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2.0)
+            self._server = None
+
+    async def _accept(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            try:
+                server_reader, server_writer = await asyncio.open_unix_connection(self.target, limit=_CHUNK)
+            except OSError as exc:
+                logger.warning("cannot reach the environment server at %s: %s", self.target, exc)
+                with contextlib.suppress(OSError):
+                    client_writer.write(_UNAVAILABLE)
+                    await client_writer.drain()
+                return
+            upstream = asyncio.ensure_future(_pipe(client_reader, server_writer))
+            try:
+                # The server's side decides: once it has closed, the connection is over (a
+                # client that half-closed first still gets the whole answer before that).
+                await _pipe(server_reader, client_writer)
+            finally:
+                upstream.cancel()
+                with contextlib.suppress(BaseException):
+                    await upstream
+                server_writer.close()
+        finally:
+            client_writer.close()
+            self._tasks.discard(task)
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Copy until EOF, then pass the half-close on (HTTP clients may shut down their side first)."""
+    try:
+        while True:
+            data = await reader.read(_CHUNK)
+            if not data:
+                break
+            writer.write(data)
+            if writer.transport.get_write_buffer_size() > _CHUNK:
+                await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+    except (ConnectionError, OSError):
+        writer.close()

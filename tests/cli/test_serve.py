@@ -1,0 +1,215 @@
+"""``openenv serve`` and ``openenv list``: real servers in real sandboxes behind a real TCP port."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import httpx
+import pytest
+
+from openenv.core.client_errors import CapacityReachedError
+from openenv.core.generic_client import GenericEnvClient
+
+ROOT = Path(__file__).resolve().parents[2]
+ECHO = ROOT / "envs" / "echo_env"
+OPENENV = [sys.executable, "-m", "openenv.cli"]
+
+
+class Served:
+    """``openenv serve ...`` in a subprocess; ``url`` and ``snippet`` come from its stdout."""
+
+    def __init__(self, *args: str, cwd: Optional[Path] = None) -> None:
+        self.process = subprocess.Popen(
+            [*OPENENV, "serve", *args, "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=cwd,
+        )
+        assert self.process.stdout is not None
+        self.url = self.process.stdout.readline().strip()
+        if not self.url.startswith("http://"):
+            self.process.kill()
+            raise AssertionError(f"serve did not start: {self.url!r}\n{self.process.stderr.read()}")
+        lines: List[str] = []
+        self.process.stdout.readline()  # the blank line
+        while True:  # the snippet ends with a blank line after its `with` block
+            line = self.process.stdout.readline()
+            if not line or (not line.strip() and any(x.startswith("with ") for x in lines)):
+                break
+            lines.append(line)
+        self.snippet = "".join(lines)
+
+    def stop(self, sig: int = signal.SIGINT) -> tuple:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            out, err = self.process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            out, err = self.process.communicate()
+        return self.process.returncode, out, err
+
+    def __enter__(self) -> Served:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _descendants(pid: int) -> List[int]:
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                children = [int(c) for c in (task / "children").read_text().split()]
+            except (OSError, ValueError):
+                continue
+            found.extend(children)
+            frontier.extend(children)
+    return found
+
+
+def test_the_printed_snippet_works_when_pasted_and_ctrl_c_stops_everything():
+    served = Served(str(ECHO))
+    try:
+        assert served.url.startswith("http://127.0.0.1:")
+        assert "from echo_env import EchoEnv" in served.snippet
+        pasted = subprocess.run([sys.executable, "-c", served.snippet], capture_output=True, text=True, timeout=60)
+        assert pasted.returncode == 0, pasted.stderr
+        assert "echoed_message='Echo environment ready!'" in pasted.stdout
+        assert "['echo_message', 'echo_with_length']" in pasted.stdout
+        assert httpx.get(f"{served.url}/health", timeout=10).json() == {"status": "healthy"}
+        below = _descendants(served.process.pid)
+        assert below  # the sandbox runs under the command
+    finally:
+        code, _, err = served.stop(signal.SIGINT)
+    assert code == 0, err
+    assert "Serving echo_env at" in err and "sandboxed: no network" in err and "Stopped." in err
+    assert '"POST /mcp HTTP/1.1" 200' in err  # the server's own log is shown
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in below) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in below if Path(f"/proc/{pid}").exists()]
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{served.url}/health", timeout=2)
+
+
+def test_sigterm_stops_it_too():
+    served = Served(str(ECHO))
+    code, _, err = served.stop(signal.SIGTERM)
+    assert code == 0 and "Stopped." in err
+
+
+def test_websocket_sessions_and_large_frames_pass_through_the_tcp_front():
+    with Served(str(ECHO)) as served, GenericEnvClient(base_url=served.url).sync() as env:
+        env.reset()
+        big = "x" * (8 * 1024 * 1024)
+        result = env.step({"type": "call_tool", "tool_name": "echo_message", "arguments": {"message": big}})
+        assert len(result.observation["result"]["data"]) == len(big)
+        for _ in range(50):
+            assert env.step({"type": "call_tool", "tool_name": "echo_message", "arguments": {"message": "hi"}})
+
+
+def test_max_sessions_bounds_the_server():
+    with Served(str(ECHO), "--max-sessions", "2") as served:
+        first = GenericEnvClient(base_url=served.url).sync()
+        second = GenericEnvClient(base_url=served.url).sync()
+        third = GenericEnvClient(base_url=served.url).sync()
+        try:
+            first.reset()
+            second.reset()
+            with pytest.raises(CapacityReachedError):
+                third.reset()
+            first.close()
+            third.reset()  # the freed slot is usable
+        finally:
+            for client in (first, second, third):
+                client.close()
+
+
+def test_without_the_sandbox_it_says_so():
+    with Served(str(ECHO), "--no-sandbox") as served:
+        assert httpx.get(f"{served.url}/health", timeout=10).status_code == 200
+        code, _, err = served.stop()
+    assert code == 0 and "NOT isolated" in err
+
+
+def test_reload_restarts_the_server_on_a_change(tmp_path):
+    project = tmp_path / "echo_copy"
+    shutil.copytree(ECHO, project, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "tests"))
+    with Served(str(project), "--reload") as served:
+        with GenericEnvClient(base_url=served.url).sync() as env:
+            assert env.reset().observation["echoed_message"] == "Echo environment ready!"
+        source = project / "server" / "echo_environment.py"
+        source.write_text(source.read_text().replace("Echo environment ready!", "Reloaded and ready!"))
+        deadline = time.monotonic() + 60
+        seen = None
+        while time.monotonic() < deadline:
+            try:
+                with GenericEnvClient(base_url=served.url).sync() as env:
+                    seen = env.reset().observation["echoed_message"]
+            except Exception:
+                seen = None  # between two servers
+            if seen == "Reloaded and ready!":
+                break
+            time.sleep(0.2)
+        assert seen == "Reloaded and ready!"
+        source.write_text("this is not python (")  # a broken change keeps the last good server
+        time.sleep(2)
+        with GenericEnvClient(base_url=served.url).sync() as env:
+            assert env.reset().observation["echoed_message"] == "Reloaded and ready!"
+        code, _, err = served.stop()
+    assert code == 0
+    assert "restarting the server" in err and "Reloaded." in err and "does not start" in err
+
+
+def test_a_taken_port_and_a_bad_package_are_clear_errors(tmp_path):
+    with Served(str(ECHO)) as served:
+        port = served.url.rsplit(":", 1)[1]
+        taken = subprocess.run(
+            [*OPENENV, "serve", str(ECHO), "--port", port], capture_output=True, text=True, timeout=60
+        )
+    assert taken.returncode == 1
+    assert f"port {port} on 127.0.0.1 is in use" in " ".join(taken.stderr.split())
+    missing = subprocess.run([*OPENENV, "serve", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1 and "no openenv.yaml" in missing.stderr
+    bad_env = subprocess.run([*OPENENV, "serve", str(ECHO), "--env", "NOEQUALS"], capture_output=True, text=True)
+    assert bad_env.returncode == 1 and "KEY=VALUE" in bad_env.stderr
+
+
+def test_a_package_that_does_not_import_reports_its_error(tmp_path):
+    project = tmp_path / "broken_env"
+    project.mkdir()
+    (project / "openenv.yaml").write_text("spec_version: 1\nname: broken_env\napp: server.app:app\n")
+    (project / "server").mkdir()
+    (project / "server" / "__init__.py").write_text("")
+    (project / "server" / "app.py").write_text("import no_such_module_here\n")
+    result = subprocess.run(
+        [*OPENENV, "serve", str(project), "--port", "0"], capture_output=True, text=True, timeout=90
+    )
+    assert result.returncode == 1
+    assert "No module named 'no_such_module_here'" in result.stderr
+    assert result.stdout == ""  # no URL, no snippet
+
+
+def test_list_shows_installed_environment_packages():
+    listed = subprocess.run([*OPENENV, "list", "--json"], capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    rows = {row["name"]: row for row in json.loads(listed.stdout)}
+    echo = rows["echo"]
+    assert echo["client"] == "echo_env.EchoEnv" and echo["distribution"] == "openenv-echo-env"
+    assert Path(echo["path"]).resolve() == ECHO.resolve()
+    table = subprocess.run(
+        [*OPENENV, "list"], capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"}
+    )
+    assert table.returncode == 0 and "echo_env.EchoEnv" in table.stdout
