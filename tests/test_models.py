@@ -1429,7 +1429,6 @@ def test_top_level_exports(name: str) -> None:
     assert getattr(openenv, name) is not None
 
 
-@pytest.mark.xfail(strict=True, reason="§0: openenv exports cli; it comes with the CLI issue")
 def test_top_level_cli_export() -> None:
     assert openenv.cli is not None
 

@@ -34,6 +34,9 @@ def echo_copy(dest: Path, dockerfile: bool = True) -> Path:
     shutil.copytree(ECHO, dest, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__", "dist", "build"))
     if dockerfile and not (dest / "server" / "Dockerfile").exists() and not (dest / "Dockerfile").exists():
         (dest / "server" / "Dockerfile").write_text(dockerfile_template())
+    if not dockerfile:
+        for name in ("server/Dockerfile", "Dockerfile"):
+            (dest / name).unlink(missing_ok=True)
     return dest
 
 

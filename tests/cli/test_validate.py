@@ -99,8 +99,8 @@ def test_the_echo_env_passes_static_and_runtime_checks_in_a_sandbox(capsys):
     assert detail(report, "server.start").startswith("ready in a sandbox")
     # its reset ignores the seed, but it is not random: that passes, with a note
     assert "regardless of the seed" in detail(report, "ws.seed_determinism")
-    assert found["package.dockerfile"] == "warning"  # it ships no Dockerfile
-    assert report["summary"]["failed"] == 0
+    assert found["package.dockerfile"] == "passed" and found["package.layout"] == "passed"
+    assert report["summary"] == {"passed": len(found), "warning": 0, "failed": 0, "skipped": 0}
 
 
 @needs_bwrap
