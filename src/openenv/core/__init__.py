@@ -22,6 +22,13 @@ _EXPORTS.update(
         "ServerError": ".client_errors",
         "SessionLostError": ".client_errors",
         "ToolCallError": ".client_errors",
+        "LLMClient": ".llm_client",
+        "LLMResponse": ".llm_client",
+        "LLMError": ".llm_client",
+        "OpenAIClient": ".llm_client",
+        "AnthropicClient": ".llm_client",
+        "ToolCall": ".llm_client",
+        "create_llm_client": ".llm_client",
     }
 )
 

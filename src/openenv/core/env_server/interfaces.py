@@ -22,6 +22,7 @@ pool; one that must always run on the same thread sets ``REQUIRES_SINGLE_THREAD_
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from abc import ABC, abstractmethod
 from typing import (
@@ -98,6 +99,10 @@ class TaskProvider(Protocol):
     def get_task_range(self, split: str, start: Optional[int] = None, stop: Optional[int] = None) -> list: ...
 
 
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
 class Environment(ABC, Generic[ActT, ObsT, StateT]):
     """Base class of every environment; see the module docstring for the contract."""
 
@@ -106,6 +111,10 @@ class Environment(ABC, Generic[ActT, ObsT, StateT]):
 
     REQUIRES_SINGLE_THREAD_EXECUTOR: bool = False
     """True when every call must happen on one and the same thread (e.g. thread-bound C libraries)."""
+
+    REPORT_REWARD_COMPONENTS: bool = False
+    """True to have ``_apply_rubric`` put the rubric's named part scores (a reward vector) in the
+    observation's ``metadata["reward_components"]``, as ``{"dotted.name": score}``."""
 
     def __init__(self, transform: Optional[Transform] = None, rubric: Optional[Rubric] = None) -> None:
         self.transform = transform
@@ -147,19 +156,52 @@ class Environment(ABC, Generic[ActT, ObsT, StateT]):
         return transform(observation) if transform is not None else observation
 
     def _apply_rubric(self, action: ActT, observation: ObsT) -> float:
+        """The rubric's score for this step (0.0 without a rubric).
+
+        An async rubric (an ``LLMJudge``, say) is run to completion when this thread has no
+        event loop, as in the server's worker pool; inside a running loop call
+        ``await self._apply_rubric_async(...)`` instead. With ``REPORT_REWARD_COMPONENTS`` the
+        observation's metadata also gets ``"reward_components"``.
+        """
         rubric = getattr(self, "rubric", None)
         if rubric is None:
             return 0.0
-        return rubric(action, observation)
+        score = rubric(action, observation)
+        if inspect.isawaitable(score):
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                score = asyncio.run(_awaited(score))
+            else:
+                if inspect.iscoroutine(score):
+                    score.close()
+                raise TypeError(
+                    f"{type(rubric).__name__} is async and this thread runs an event loop: "
+                    "use 'await self._apply_rubric_async(action, observation)' in step_async"
+                )
+        self._report_reward_components(observation)
+        return score
 
     async def _apply_rubric_async(self, action: ActT, observation: ObsT) -> float:
+        """``_apply_rubric`` for ``step_async``: awaits an async rubric on the running loop."""
         rubric = getattr(self, "rubric", None)
         if rubric is None:
             return 0.0
         score = rubric(action, observation)
         if inspect.isawaitable(score):
             score = await score
+        self._report_reward_components(observation)
         return score
+
+    def _report_reward_components(self, observation: ObsT) -> None:
+        if not self.REPORT_REWARD_COMPONENTS:
+            return
+        component_scores = getattr(self.rubric, "component_scores", None)
+        if component_scores is None:
+            return
+        metadata = getattr(observation, "metadata", None)
+        if isinstance(metadata, dict):
+            metadata["reward_components"] = component_scores()
 
     def _reset_rubric(self) -> None:
         rubric = getattr(self, "rubric", None)

@@ -269,6 +269,7 @@ class MCPEnvironment(Environment):
             if inspect.isawaitable(score):
                 score = await score
             observation.reward = score
+            self._report_reward_components(observation)
         return self._apply_transform(observation)
 
     # --- the Environment contract -------------------------------------------------------------
