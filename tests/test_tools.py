@@ -366,3 +366,47 @@ def test_an_unclosed_repl_is_killed_when_collected():
     del repl
     gc.collect()
     assert processes_with(seconds) == []
+
+
+ZOMBIE_PROBE = """
+import os
+from openenv.core.tools import PythonREPL, run_python, run_shell
+
+def zombies():
+    count = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        count += fields[0] == "Z" and int(fields[1]) == os.getpid()
+    return count
+
+assert os.getpid() == 1, os.getpid()
+for i in range(3):
+    run_python("import time; time.sleep(30)", timeout_s=0.3)   # killed at the timeout
+    run_python("print(1)")
+    run_shell("sleep 30 &", timeout_s=2)                         # leaves a background process
+    with PythonREPL() as repl:
+        repl.execute("x = 1")
+print("zombies", zombies())
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/unshare").exists(), reason="needs root and unshare(1)")
+def test_a_namespace_init_running_code_keeps_no_zombies(tmp_path: Path) -> None:
+    """A sandboxed server is pid 1 of its pid namespace: killed code sandboxes are re-parented to it,
+    and unless it reaps them each one stays a zombie that counts against its process limit."""
+    import subprocess
+    import sys
+
+    probe = tmp_path / "probe.py"
+    probe.write_text(ZOMBIE_PROBE)
+    result = subprocess.run(
+        ["/usr/bin/unshare", "--pid", "--fork", "--mount-proc", sys.executable, str(probe)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["zombies", "0"]

@@ -51,7 +51,9 @@ class EnvInfo:
 
     @property
     def client_class_name(self) -> str:
-        return f"{_pascal(self.key)}Env"
+        """The manifest's ``client`` or ``<Key>Env``, e.g. ``EchoEnv`` (found case-insensitively, so
+        ``REPLEnv``, ``FinQAEnv`` and ``TextArenaEnv`` need no manifest entry)."""
+        return self.manifest.client or f"{_pascal(self.key)}Env"
 
     @property
     def action_class_name(self) -> str:
@@ -68,6 +70,9 @@ class EnvInfo:
             except ImportError:
                 continue
             value = getattr(module, name, None)
+            if value is None:  # upstream's spellings: REPLEnv for "repl", FinQAEnv for "finqa"
+                matches = [getattr(module, attr) for attr in dir(module) if attr.lower() == name.lower()]
+                value = matches[0] if len(matches) == 1 else None
             if isinstance(value, type):
                 return value
         raise ImportError(f"{name} not found in {self.module} (looked in the package, .client and .models)")

@@ -30,6 +30,7 @@ class EnvManifest:
     port: int = 8000
     action: Optional[str] = None
     observation: Optional[str] = None
+    client: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -64,6 +65,7 @@ class EnvManifest:
             port=int(port) if isinstance(port, (int, str)) and str(port).isdigit() else 8000,
             action=data.get("action"),
             observation=data.get("observation"),
+            client=data.get("client"),
             raw=data,
         )
 

@@ -389,7 +389,27 @@ class _Sandbox:
                 logger.error("sandbox process %d did not die within %.0f s of SIGKILL", self.proc.pid, _KILL_WAIT_S)
                 return
             self.exited = True
+        self._reap_init()
         self._dead = True
+
+    def _reap_init(self) -> None:
+        """Reap the sandbox's init if it was re-parented to this process.
+
+        When bubblewrap dies before its child (the sandbox's pid 1), that child goes to the nearest
+        subreaper or to this pid namespace's init. On a host that is the system's init; but a server
+        started by SandboxProvider is itself pid 1 of its namespace, and a zombie it never waits for
+        counts against its process limit: a few hundred killed sandboxes later, none could start.
+        """
+        if self.init_pidfd is not None and hasattr(os, "P_PIDFD"):
+            try:
+                os.waitid(os.P_PIDFD, self.init_pidfd, os.WEXITED | os.WNOHANG)
+            except OSError:
+                pass  # not our child (bubblewrap reaped it, or the host's init will)
+        elif self.init_pid is not None and os.getpid() == 1:
+            try:
+                os.waitpid(self.init_pid, os.WNOHANG)
+            except OSError:
+                pass
 
     def _kill_cgroup(self) -> None:
         if self.cgroup is None:
