@@ -75,9 +75,11 @@ def single(config: Dict[str, Any]) -> None:
     _linux.die_with_parent()
     if os.getppid() == 1 and config.get("parent_pid") not in (None, 1):
         return  # the parent died before we could ask to die with it
+    if config.get("drop_to"):  # root inside a bwrap sandbox without a user namespace
+        _own_pid_namespace()
     Limits(**config["limits"]).apply()
     os.umask(0o077)
-    if config.get("drop_to"):  # root inside a bwrap sandbox without a user namespace
+    if config.get("drop_to"):
         uid, gid = config["drop_to"]
         _linux.drop_privileges(uid, gid)
         _linux.no_new_privileges()
@@ -85,6 +87,33 @@ def single(config: Dict[str, Any]) -> None:
     _serve(
         app, config.get("uds"), config.get("port"), config.get("log_level", "warning"), config.get("host", "127.0.0.1")
     )
+
+
+def _own_pid_namespace() -> None:
+    """Go on as pid 1 of a new pid namespace with a ``/proc`` of its own; this process waits for it.
+
+    bubblewrap's ``/proc`` has read-only mounts over parts of it, and the kernel refuses a sandbox
+    nested in ours (``openenv.core.tools`` running an agent's code) a ``/proc`` of its own while
+    every ``/proc`` it could see is partly covered. Servers forked by the zygote get a fresh one the
+    same way. As pid 1, the server also inherits (and reaps) what its code sandboxes leave behind.
+    """
+    _linux.unshare(_linux.CLONE_NEWNS | _linux.CLONE_NEWPID)
+    _linux.make_mounts_private()
+    pid = os.fork()
+    if pid == 0:
+        _linux.die_with_parent()
+        _linux.mount_proc()
+        return
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda number, _frame: _forward(pid, number))
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            os._exit(0)
 
 
 # --- zygote --------------------------------------------------------------------------------------

@@ -1,0 +1,44 @@
+"""The git environment's server: ``uvicorn git_env.server.app:app`` (or ``server.app:app`` from
+this directory). ``MAX_CONCURRENT_ENVS`` sets how many sessions it holds (default 64);
+``GIT_ENV_ISOLATION`` ("sandbox", the default, or "none") how commands are confined."""
+
+from __future__ import annotations
+
+import os
+
+from openenv.core.env_server.http_server import create_app
+from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
+
+try:
+    from ..models import GitObservation, GitState
+    from .git_environment import GitEnvironment
+except ImportError:  # served from the package directory as `server.app:app`
+    from models import GitObservation, GitState  # type: ignore[no-redef]
+    from server.git_environment import GitEnvironment  # type: ignore[no-redef]
+
+app = create_app(
+    GitEnvironment,
+    CallToolAction,
+    CallToolObservation,
+    env_name="git_env",
+    max_concurrent_envs=int(os.environ.get("MAX_CONCURRENT_ENVS", "64")),
+    reset_observation_cls=GitObservation,
+    state_cls=GitState,
+)
+
+
+def main() -> None:
+    """``git-env-server``: serve on http://127.0.0.1:8000 (``--host``/``--port`` to change)."""
+    import argparse
+
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description="Serve the git environment")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args()
+    uvicorn.run(app, host=args.host, port=args.port)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""The shell environment's server: ``uvicorn shell_env.server.app:app`` (or ``server.app:app``
+from this directory). ``MAX_CONCURRENT_ENVS`` sets how many sessions it holds (default 64);
+``SHELL_ENV_ISOLATION`` ("sandbox", the default, or "none") how commands are confined."""
+
+from __future__ import annotations
+
+import os
+
+from openenv.core.env_server.http_server import create_app
+from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
+
+try:
+    from ..models import ShellObservation, ShellState
+    from .shell_environment import ShellEnvironment
+except ImportError:  # served from the package directory as `server.app:app`
+    from models import ShellObservation, ShellState  # type: ignore[no-redef]
+    from server.shell_environment import ShellEnvironment  # type: ignore[no-redef]
+
+app = create_app(
+    ShellEnvironment,
+    CallToolAction,
+    CallToolObservation,
+    env_name="shell_env",
+    max_concurrent_envs=int(os.environ.get("MAX_CONCURRENT_ENVS", "64")),
+    reset_observation_cls=ShellObservation,
+    state_cls=ShellState,
+)
+
+
+def main() -> None:
+    """``shell-env-server``: serve on http://127.0.0.1:8000 (``--host``/``--port`` to change)."""
+    import argparse
+
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description="Serve the shell environment")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args()
+    uvicorn.run(app, host=args.host, port=args.port)
+
+
+if __name__ == "__main__":
+    main()
