@@ -4,6 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
+# torch for the training examples and the TRL adapter: a CPU build (a plain "torch" from PyPI is
+# a CUDA build of several GB). Override it, e.g. TORCH=torch, on a GPU machine.
+TORCH ?= torch==2.13.0
 # Every environment package of the catalogue (envs/<name>_env), installed editable with its dependencies.
 ENVS := $(sort $(patsubst %/pyproject.toml,%,$(wildcard envs/*_env/pyproject.toml)))
 
@@ -13,7 +16,8 @@ $(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(ENVS))
 	bash scripts/install-bubblewrap.sh
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -e ".[dev]" $(addprefix -e ,$(ENVS))
+	$(PIP) install --quiet "$(TORCH)"
+	$(PIP) install --quiet -e ".[dev,train,trl]" $(addprefix -e ,$(ENVS))
 	touch $(STAMP)
 
 setup: $(STAMP)  ## create .venv with the project, its dev tools and every environment package

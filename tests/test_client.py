@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import threading
+import time
 
 import pytest
 from websockets.asyncio.server import serve as ws_serve
@@ -165,6 +166,28 @@ async def test_new_session_is_independent_and_closed_with_its_parent():
             assert (await child.step(CounterAction())).observation.value == 8
             assert app_server.active_sessions == 2
         await until(lambda: app_server.active_sessions == 0 and TRACKER.alive == 0)
+
+
+def test_a_sync_client_opens_sync_child_sessions_on_its_own_loop():
+    with serve(counter_app()) as server:
+        app_server = server.server.config.app.state.openenv_server
+        with CounterClient(base_url=server.base_url).sync() as env:
+            env.reset(start=1)
+            child = env.new_session()
+            other = env.new_session()
+            child.reset(start=7)
+            other.reset(start=20)
+            assert env.step(CounterAction()).observation.value == 2
+            assert child.step(CounterAction()).observation.value == 8
+            assert other.step(CounterAction()).observation.value == 21
+            assert app_server.active_sessions == 3
+            child.close()  # closing a child leaves its parent (and the shared loop) working
+            assert env.step(CounterAction()).observation.value == 3
+            assert other.step(CounterAction()).observation.value == 22
+        deadline = time.monotonic() + 5
+        while app_server.active_sessions and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert app_server.active_sessions == 0  # the parent closed the child it still had
 
 
 async def test_headers_are_sent_on_the_websocket_handshake():

@@ -114,6 +114,7 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         self._io_lock: Optional[asyncio.Lock] = None
         self._usage: Optional[str] = None
         self._loop_thread: Optional[LoopThread] = None
+        self._borrowed_loop_thread = False  # a sync child session runs on its parent's loop
         self._sync_client: Optional[SyncEnvClient[ActT, ObsT, StateT]] = None
         self._children: List[EnvClient[Any, Any, Any]] = []
         self._session_lost = False
@@ -172,6 +173,9 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         return self._loop_thread
 
     def _stop_runner(self) -> None:
+        if self._borrowed_loop_thread:
+            self._loop_thread = None
+            return
         if self._loop_thread is not None:
             self._loop_thread.stop()
             self._loop_thread = None

@@ -136,7 +136,11 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
     def new_session(self) -> SyncEnvClient[ActT, ObsT, StateT]:
         """Another session on the same server, closed with this client."""
         child = self._run(self._client._new_session_async())
-        return SyncEnvClient(child)
+        # Its connection lives on this client's loop: the child runs there too, as a sync client.
+        child._usage = "sync"
+        child._loop_thread = self._client._runner()
+        child._borrowed_loop_thread = True
+        return child.sync()
 
     def close(self) -> None:
         try:
