@@ -10,7 +10,7 @@ TORCH ?= torch==2.13.0
 # Every environment package of the catalogue (envs/<name>_env), installed editable with its dependencies.
 ENVS := $(sort $(patsubst %/pyproject.toml,%,$(wildcard envs/*_env/pyproject.toml)))
 
-.PHONY: setup demo test lint format bench interop clean
+.PHONY: setup demo test lint format bench interop train-blackjack clean
 
 $(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(ENVS))
 	bash scripts/install-bubblewrap.sh
@@ -42,6 +42,9 @@ bench: setup  ## throughput/latency/CPU vs a raw-websockets floor; footprint; ch
 	$(PY) bench/bench_footprint.py
 	$(PY) bench/bench_churn.py
 	$(PY) bench/bench_sandbox.py
+
+train-blackjack: setup  ## CPU GRPO: a tiny LM learns blackjack through the sandboxed openspiel_env (about 2 min)
+	$(PY) examples/grpo_blackjack/train.py
 
 interop: setup  ## drive upstream openenv 0.10.0 with our client and ours with theirs (separate venv)
 	bash scripts/interop.sh
