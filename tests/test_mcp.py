@@ -468,3 +468,45 @@ async def test_direct_tool_results_equal_fastmcps_own():
             direct = await env._direct.get(name)
             takes_direct_way = direct.verified[type(values[key])]
             assert takes_direct_way is (key not in ("point", "raw")), name  # models and bytes stay with FastMCP
+
+
+class _SharedToolsEnv(MCPEnvironment):
+    """Stateless tools on one FastMCP server shared by every instance; per-instance call counts."""
+
+    def __init__(self, server: FastMCP) -> None:
+        super().__init__(server)
+        self.calls = 0
+
+    def reset(self, seed=None, episode_id=None, **kwargs) -> Observation:  # type: ignore[override]
+        self.calls = 0
+        return Observation()
+
+    async def _after_mcp_action(self, action, observation):  # type: ignore[override]
+        self.calls += 1
+        return await super()._after_mcp_action(action, observation)
+
+    def _step_impl(self, action, timeout_s=None, **kwargs) -> Observation:  # type: ignore[override]
+        return Observation()
+
+    @property
+    def state(self):  # type: ignore[override]
+        return None
+
+
+async def test_environments_built_on_one_server_share_its_tool_index_but_not_their_state() -> None:
+    server = FastMCP("shared")
+
+    @server.tool(run_in_thread=False)
+    def double(x: int) -> int:
+        return 2 * x
+
+    first, second, other = _SharedToolsEnv(server), _SharedToolsEnv(server), _SharedToolsEnv(FastMCP("other"))
+    assert first._direct is second._direct and first._direct is not other._direct
+    for env in (first, second):
+        env.reset()
+    result = await first.step_async(CallToolAction(tool_name="double", arguments={"x": 4}))
+    assert result.result["data"] == 8
+    await first.step_async(CallToolAction(tool_name="double", arguments={"x": 1}))
+    result = await second.step_async(CallToolAction(tool_name="double", arguments={"x": "nope"}))
+    assert result.error is not None and result.error.error_type.value == "invalid_args"
+    assert (first.calls, second.calls) == (2, 1)

@@ -34,25 +34,35 @@ class EchoLengthReward:
         pass
 
 
+def _echo_tools() -> FastMCP:
+    mcp = FastMCP("echo_env")
+
+    # Instant tools: run_in_thread=False runs them on the event loop, without a worker thread.
+    @mcp.tool(run_in_thread=False)
+    def echo_message(message: str) -> str:
+        """Echo back the provided message."""
+        return message
+
+    @mcp.tool(run_in_thread=False)
+    def echo_with_length(message: str) -> dict:
+        """Echo back the message together with its length."""
+        return {"message": message, "length": len(message)}
+
+    return mcp
+
+
+# The tools keep no state of their own, so every session shares one FastMCP server: sessions are
+# cheaper to open, and many concurrent sessions step faster (one server stays in the CPU's caches).
+_TOOLS = _echo_tools()
+
+
 class EchoEnvironment(MCPEnvironment):
     """Echoes messages back through MCP tools."""
 
     SUPPORTS_CONCURRENT_SESSIONS = True
 
     def __init__(self) -> None:
-        mcp = FastMCP("echo_env")
-
-        # Instant tools: run_in_thread=False runs them on the event loop, without a worker thread.
-        @mcp.tool(run_in_thread=False)
-        def echo_message(message: str) -> str:
-            """Echo back the provided message."""
-            return message
-
-        @mcp.tool(run_in_thread=False)
-        def echo_with_length(message: str) -> dict:
-            """Echo back the message together with its length."""
-            return {"message": message, "length": len(message)}
-
+        mcp = _TOOLS
         super().__init__(mcp)
         self.rubric = EchoLengthReward()
         self._state = State(episode_id=str(uuid4()), step_count=0)

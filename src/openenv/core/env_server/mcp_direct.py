@@ -182,6 +182,19 @@ class DirectTools:
         self._index: Optional[Dict[str, Optional[DirectTool]]] = None
         self._key: Any = None
 
+    @classmethod
+    def of(cls, server: Any) -> DirectTools:
+        """The index of ``server``, shared by every environment built on that same server (an
+        environment whose tools keep no per-session state may build its FastMCP server once)."""
+        index = getattr(server, "_openenv_direct_tools", None)
+        if not isinstance(index, cls) or index.server is not server:
+            index = cls(server)
+            try:
+                server._openenv_direct_tools = index
+            except AttributeError:  # a server that takes no new attributes: one index per env
+                pass
+        return index
+
     def _provider(self) -> Any:
         return getattr(self.server, "local_provider", None) or getattr(self.server, "_local_provider", None)
 

@@ -117,7 +117,8 @@ class MCPEnvironment(Environment):
         self.mcp_server = mcp_server
         self._mode_tools: Dict[str, Dict[str, FastMCPTool]] = {"production": {}, "simulation": {}}
         self._direct_mode_tools: Dict[str, DirectTool] = {}
-        self._direct = DirectTools(mcp_server)
+        self._has_mode_tools = False
+        self._direct = DirectTools.of(mcp_server)
         self._mcp_client: Any = None
 
     # --- declaring tools ---------------------------------------------------------------------
@@ -142,6 +143,7 @@ class MCPEnvironment(Environment):
             else:
                 tool = FastMCPTool.from_function(func, name=tool_name, description=description)
                 self._mode_tools[mode][tool_name] = tool
+                self._has_mode_tools = True
                 if DirectTool.supports(tool):
                     self._direct_mode_tools[tool_name] = DirectTool(tool)
             return func
@@ -207,8 +209,10 @@ class MCPEnvironment(Environment):
 
     def _inline_tool(self, name: str) -> Optional[DirectTool]:
         """The tool, when it is a known direct tool declared to run on the loop."""
-        mode_tools = self._visible_mode_tools()
-        direct = self._direct_mode_tools.get(name) if name in mode_tools else self._direct.cached(name)
+        if self._has_mode_tools and name in self._visible_mode_tools():
+            direct = self._direct_mode_tools.get(name)
+        else:
+            direct = self._direct.cached(name)
         return direct if direct is not None and direct.inline else None
 
     async def _guarded_call(
@@ -266,9 +270,13 @@ class MCPEnvironment(Environment):
         rubric = getattr(self, "rubric", None)
         if rubric is not None:
             score = rubric(action, observation)
-            if inspect.isawaitable(score):
-                score = await score
-            observation.reward = score
+            if type(score) is float:  # the common case, set without re-validating a float
+                observation.__dict__["reward"] = score
+                observation.__pydantic_fields_set__.add("reward")
+            else:
+                if inspect.isawaitable(score):
+                    score = await score
+                observation.reward = score
             self._report_reward_components(observation)
         return self._apply_transform(observation)
 
