@@ -155,6 +155,21 @@ def test_a_failing_episode_is_recorded_and_the_others_go_on(counter_server) -> N
     assert result.advantages()[1] == 0.0
 
 
+def test_a_session_lost_in_one_episode_does_not_fail_the_next(counter_server) -> None:
+    """A reply that never comes drops the client's connection (its server session ends); the
+    episodes after it on the same worker get a fresh session instead of failing in turn."""
+
+    def factory():
+        return GenericEnvClient(base_url=counter_server.base_url, message_timeout_s=0.3)
+
+    def policy(observation, episode: Episode):
+        return {"delta": 10, "sleep_s": 1.0 if episode.group == 0 else 0.0}
+
+    result = rollout(factory, policy, [{"seed": 0}, {"seed": 1}, {"seed": 2}], concurrency=1)
+    assert result.episodes[0].error is not None and "Timeout" in result.episodes[0].error
+    assert [e.ok and e.done for e in result.episodes] == [False, True, True]
+
+
 def test_a_policy_exception_is_recorded(counter_server) -> None:
     def policy(observation, episode):
         if observation["value"] == 3:
