@@ -9,8 +9,6 @@ the server still answers (or is cleanly replaced) and the host shows no trace.
 from __future__ import annotations
 
 import os
-import socket
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -21,6 +19,7 @@ from openenv.core.client_errors import StepTimeoutError
 from openenv.core.containers.runtime import SandboxProvider
 from openenv.core.containers.runtime.isolation import find_bwrap
 from openenv.core.generic_client import GenericEnvClient
+from openenv.testing import host_listener, planted_secret
 
 ESCAPE_ENV = Path(__file__).resolve().parent / "escape_env"
 
@@ -70,13 +69,8 @@ def sandboxed():
 
 
 def test_reading_a_secret_in_the_hosts_home(server):
-    secret = Path.home() / f".openenv-escape-{uuid.uuid4().hex}"
-    secret.write_text("the trainer's secret")
-    secret.chmod(0o600)
-    try:
+    with planted_secret() as secret:
         observation = server.run(f"result = open({str(secret)!r}).read()")
-    finally:
-        secret.unlink()
     if server.isolation == "none":
         assert observation["result"] == repr("the trainer's secret")
     else:
@@ -87,28 +81,10 @@ def test_reading_a_secret_in_the_hosts_home(server):
 
 
 def test_connecting_to_a_listener_on_the_hosts_loopback(server):
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
-    listener.settimeout(5)
-    port = listener.getsockname()[1]
-    accepted = []
-
-    def accept() -> None:
-        try:
-            connection, _ = listener.accept()
-            connection.sendall(b"pong")
-            accepted.append(True)
-            connection.close()
-        except OSError:
-            pass
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    code = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\nresult = s.recv(4)"
-    observation = server.run(code)
-    thread.join(6)
-    listener.close()
+    with host_listener() as listener:
+        code = f"import socket\ns = socket.create_connection(('127.0.0.1', {listener.port}), timeout=2)\nresult = s.recv(4)"
+        observation = server.run(code)
+    accepted = listener.accepted
     if server.isolation == "none":
         assert observation["result"] == repr(b"pong") and accepted
     else:

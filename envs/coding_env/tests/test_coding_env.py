@@ -11,7 +11,6 @@ import asyncio
 import os
 import random
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -28,6 +27,7 @@ from openenv.core.client_errors import ActionValidationError
 from openenv.core.containers.runtime import SandboxProvider
 from openenv.core.containers.runtime.isolation import find_bwrap
 from openenv.core.generic_client import GenericEnvClient
+from openenv.testing import host_listener, planted_secret
 
 PACKAGE = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 2
@@ -189,42 +189,14 @@ async def test_two_sessions_at_once_are_independent(url: str) -> None:
 
 
 def _read_secret(env) -> CodeObservation:
-    secret = Path.home() / f".openenv-coding-{uuid.uuid4().hex}"
-    secret.write_text("the trainer's secret")
-    secret.chmod(0o600)
-    try:
+    with planted_secret() as secret:
         return run(env, f"print(open({str(secret)!r}).read())")
-    finally:
-        secret.unlink()
 
 
 def _connect_to_host_listener(env) -> tuple:
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
-    listener.settimeout(5)
-    port = listener.getsockname()[1]
-    accepted = []
-
-    def accept() -> None:
-        try:
-            connection, _ = listener.accept()
-            connection.sendall(b"pong")
-            accepted.append(True)
-            connection.close()
-        except OSError:
-            pass
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        observation = run(
-            env, f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint(s.recv(4))"
-        )
-    finally:
-        thread.join(6)
-        listener.close()
-    return observation, bool(accepted)
+    with host_listener() as listener:
+        observation = run(env, listener.client_code())
+    return observation, listener.accepted
 
 
 def test_reading_a_secret_in_the_hosts_home_fails(env, url: str) -> None:

@@ -7,11 +7,9 @@ One sandboxed server is shared by the module; the escape tests also start one wi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +24,7 @@ from shell_env.server.tasks import load_tasks
 from openenv.core.client_errors import ServerError
 from openenv.core.containers.runtime import SandboxProvider
 from openenv.core.containers.runtime.isolation import find_bwrap
+from openenv.testing import host_listener, planted_secret
 
 ENV_DIR = Path(__file__).resolve().parents[1]
 TASK_IDS = [task.id for task in load_tasks()]
@@ -240,14 +239,9 @@ def answers(base_url: str) -> bool:
 
 
 def test_reading_a_secret_in_the_hosts_home(attacker):
-    secret = Path.home() / f".openenv-shell-escape-{uuid.uuid4().hex}"
-    secret.write_text("the trainer's secret")
-    secret.chmod(0o600)
-    try:
+    with planted_secret() as secret:
         by_command = run(attacker, f"cat {secret}")
         by_tool = attacker.step(call("read_file", path=str(secret))).observation
-    finally:
-        secret.unlink()
     assert by_tool.error is not None and "outside the work directory" in by_tool.error.message
     if attacker.isolation == "none":
         assert by_command["stdout"] == "the trainer's secret"
@@ -256,29 +250,9 @@ def test_reading_a_secret_in_the_hosts_home(attacker):
 
 
 def test_connecting_to_a_listener_on_the_hosts_loopback(attacker):
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
-    listener.settimeout(5)
-    port = listener.getsockname()[1]
-    accepted = []
-
-    def accept() -> None:
-        try:
-            connection, _ = listener.accept()
-            connection.sendall(b"pong")
-            accepted.append(True)
-            connection.close()
-        except OSError:
-            pass
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    result = run(attacker, f"exec 3<>/dev/tcp/127.0.0.1/{port} && head -c 4 <&3", timeout_s=5)
-    with contextlib.suppress(OSError):
-        listener.shutdown(socket.SHUT_RDWR)  # the command has finished: wake the accept() up
-    listener.close()
-    thread.join(6)
+    with host_listener() as listener:
+        result = run(attacker, f"exec 3<>/dev/tcp/127.0.0.1/{listener.port} && head -c 4 <&3", timeout_s=5)
+    accepted = listener.accepted
     if attacker.isolation == "none":
         assert result["stdout"] == "pong" and accepted
     else:

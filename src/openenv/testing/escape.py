@@ -1,0 +1,96 @@
+"""What an escape from a sandbox would reach on the host, planted by a test."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import socket
+import threading
+import uuid
+from pathlib import Path
+from typing import Iterator, Optional, Union
+
+
+@dataclasses.dataclass(frozen=True)
+class PlantedSecret:
+    """A planted secret file: ``path`` (also what ``str()`` and ``os.fspath()`` give) and ``text``."""
+
+    path: Path
+    text: str
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+
+@contextlib.contextmanager
+def planted_secret(
+    directory: Optional[Union[str, Path]] = None, text: str = "the trainer's secret"
+) -> Iterator[PlantedSecret]:
+    """A file only its owner may read (mode 0600), in ``directory`` (default: the host user's
+    home), holding ``text``; removed on exit."""
+    where = Path(directory) if directory is not None else Path.home()
+    path = where / f".openenv-secret-{uuid.uuid4().hex}"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    try:
+        yield PlantedSecret(path, text)
+    finally:
+        path.unlink(missing_ok=True)
+
+
+class HostListener:
+    """A TCP listener on the host's 127.0.0.1 that answers ``reply`` to whoever connects."""
+
+    def __init__(self, reply: bytes = b"pong", timeout_s: float = 5.0) -> None:
+        self.reply = reply
+        self.accepted = False
+        self._socket = socket.socket()
+        self._socket.bind(("127.0.0.1", 0))
+        self._socket.listen(1)
+        self._socket.settimeout(timeout_s)
+        self.port: int = self._socket.getsockname()[1]
+        self._thread = threading.Thread(target=self._accept, name="openenv-host-listener", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        try:
+            connection, _ = self._socket.accept()
+        except OSError:  # timed out, or closed
+            return
+        with connection:
+            self.accepted = True
+            with contextlib.suppress(OSError):
+                connection.sendall(self.reply)
+
+    def client_code(self, timeout_s: float = 2.0) -> str:
+        """Python that connects to this listener and prints what it answers."""
+        return (
+            "import socket\n"
+            f"s = socket.create_connection(('127.0.0.1', {self.port}), timeout={timeout_s})\n"
+            "print(s.recv(64))\n"
+        )
+
+    def shell_command(self, timeout_s: float = 2.0) -> str:
+        """A shell command (bash's /dev/tcp) that connects to this listener and prints its answer."""
+        return f"timeout {timeout_s} bash -c 'exec 3<>/dev/tcp/127.0.0.1/{self.port}; head -c {len(self.reply)} <&3'"
+
+    def close(self, wait_s: float = 6.0) -> None:
+        with contextlib.suppress(OSError):
+            self._socket.shutdown(socket.SHUT_RDWR)  # wake accept() up
+        self._socket.close()
+        self._thread.join(wait_s)
+
+
+@contextlib.contextmanager
+def host_listener(reply: bytes = b"pong", timeout_s: float = 5.0) -> Iterator[HostListener]:
+    """A :class:`HostListener` for the duration of the block; ``accepted`` is final on exit."""
+    listener = HostListener(reply, timeout_s)
+    try:
+        yield listener
+    finally:
+        listener.close()
