@@ -4,8 +4,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
-# torch for the training examples and the TRL adapter: a CPU build (a plain "torch" from PyPI is
-# a CUDA build of several GB). Override it, e.g. TORCH=torch, on a GPU machine.
+# torch for the training examples and the TRL adapter, installed first so that nothing else picks
+# a build. The default is pinned to the release the development machine keeps a CPU build of; where
+# pip sees only PyPI it is a CUDA build of several GB. Pip arguments go here, e.g.
+#   make test TORCH="torch --index-url https://download.pytorch.org/whl/cpu"
 TORCH ?= torch==2.13.0
 # Every environment package of the catalogue (envs/<name>_env), installed editable with its dependencies.
 ENVS := $(sort $(patsubst %/pyproject.toml,%,$(wildcard envs/*_env/pyproject.toml)))
@@ -16,7 +18,7 @@ $(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(ENVS))
 	bash scripts/install-bubblewrap.sh
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet "$(TORCH)"
+	$(PIP) install --quiet $(TORCH)
 	$(PIP) install --quiet -e ".[dev,train,trl]" $(addprefix -e ,$(ENVS))
 	touch $(STAMP)
 

@@ -96,28 +96,27 @@ class Report:
         """Run a sync call that must raise a RuntimeError."""
         try:
             value = call()
-        except RuntimeError as exc:
-            self.ok(name, f"{type(exc).__name__}: {_short(exc)}")
-            self.capture(f"client error: {name}", str(exc))
-            return exc
         except Exception as exc:
-            self.fail(name, f"raised {type(exc).__name__} (not a RuntimeError): {_short(exc)}")
-            return exc
-        self.fail(name, f"no exception; returned {_short(value)}")
-        return None
+            return self._raised(name, exc)
+        return self._returned(name, value)
 
     async def araises_runtime_error(self, name: str, awaitable: Any) -> Optional[BaseException]:
         try:
             value = await awaitable
-        except RuntimeError as exc:
+        except Exception as exc:
+            return self._raised(name, exc)
+        return self._returned(name, value)
+
+    def _raised(self, name: str, exc: Exception) -> BaseException:
+        if isinstance(exc, RuntimeError):
             self.ok(name, f"{type(exc).__name__}: {_short(exc)}")
             self.capture(f"client error: {name}", str(exc))
-            return exc
-        except Exception as exc:
+        else:
             self.fail(name, f"raised {type(exc).__name__} (not a RuntimeError): {_short(exc)}")
-            return exc
+        return exc
+
+    def _returned(self, name: str, value: Any) -> None:
         self.fail(name, f"no exception; returned {_short(value)}")
-        return None
 
     @property
     def passed(self) -> int:

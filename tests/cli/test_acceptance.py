@@ -12,37 +12,17 @@ import re
 import signal
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
+from test_push import git, throwaway_venv
 from test_serve import Served
 
-import openenv
 from openenv.cli.__main__ import main
 from openenv.core.containers.runtime import SandboxProvider
 from openenv.core.containers.runtime.isolation import find_bwrap
 
 pytestmark = pytest.mark.skipif(find_bwrap() is None, reason="bubblewrap is not installed (apt-get install bubblewrap)")
-
-
-def git(*args: str, cwd: Path | None = None) -> str:
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
-
-
-def throwaway_venv(path: Path) -> Path:
-    """A venv without pip whose site-packages borrow this checkout's dependencies (a .pth file)."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
-    python = path / "bin" / "python"
-    site = subprocess.run(
-        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    lent = [sysconfig.get_paths()["purelib"], str(Path(openenv.__file__).resolve().parents[1])]
-    (Path(site) / "lent-from-the-checkout.pth").write_text("\n".join(lent) + "\n")
-    return python
 
 
 @pytest.mark.parametrize("template", ["typed", "mcp"])
@@ -82,7 +62,7 @@ def test_init_validate_serve_push_clone_install_serve_and_drive(
     clone = tmp_path / "clone"
     git("clone", "-q", str(remote), str(clone))
     assert git("rev-parse", "HEAD", cwd=clone) == commit
-    python = throwaway_venv(tmp_path / "venv")
+    python, _ = throwaway_venv(tmp_path / "venv")
     subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", str(clone)], check=True
     )

@@ -14,8 +14,9 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 import yaml
@@ -242,6 +243,27 @@ def git(*args: str, cwd: Optional[Path] = None) -> str:
     return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
 
 
+def throwaway_venv(path: Path) -> Tuple[Path, Path]:
+    """A venv without pip for installing a package into: its python and its site-packages.
+
+    ``venv --system-site-packages`` would expose the base interpreter's packages, not this
+    checkout's venv, so a .pth file lends it the checkout's dependencies (openenv, fastapi, ...);
+    the package installed into it is its own."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    python = path / "bin" / "python"
+    site = Path(
+        subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
+    lent = [sysconfig.get_paths()["purelib"], str(Path(openenv.__file__).resolve().parents[1])]
+    (site / "lent-from-the-checkout.pth").write_text("\n".join(lent) + "\n")
+    return python, site
+
+
 @pytest.fixture
 def remote(tmp_path: Path) -> Path:
     bare = tmp_path / "remote.git"
@@ -294,24 +316,7 @@ def test_the_pushed_package_installs_with_pip_and_serves_in_a_sandbox(
     clone = tmp_path / "clone"
     git("clone", "-q", "--branch", "release", f"file://{remote}", str(clone))
 
-    # A throwaway venv for the clone. `venv --system-site-packages` would expose the base
-    # interpreter's packages, not this checkout's venv, so a .pth file lends it the checkout's
-    # dependencies (openenv, fastapi, ...) instead; the echo_env package it imports is the clone's.
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    python = venv / "bin" / "python"
-    site = Path(
-        subprocess.run(
-            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    )
-    import sysconfig
-
-    lent = [sysconfig.get_paths()["purelib"], str(Path(openenv.__file__).resolve().parents[1])]
-    (site / "lent-from-the-checkout.pth").write_text("\n".join(lent) + "\n")
+    python, site = throwaway_venv(tmp_path / "venv")
     subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", str(clone)], check=True
     )

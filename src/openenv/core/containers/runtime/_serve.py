@@ -106,14 +106,16 @@ def _own_pid_namespace() -> None:
         return
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda number, _frame: _forward(pid, number))
-    while True:
-        try:
-            _, status = os.waitpid(pid, 0)
-            os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
-        except InterruptedError:
-            continue
-        except ChildProcessError:
-            os._exit(0)
+    os._exit(_exit_code(pid))
+
+
+def _exit_code(pid: int) -> int:
+    """Wait for the child ``pid`` and return its exit status as one byte (0 if already reaped)."""
+    try:
+        _, status = os.waitpid(pid, 0)  # retried by Python when a signal interrupts it
+    except ChildProcessError:
+        return 0
+    return os.waitstatus_to_exitcode(status) & 0xFF
 
 
 # --- zygote --------------------------------------------------------------------------------------
@@ -273,14 +275,7 @@ class Zygote:
         signal.signal(signal.SIGTERM, lambda *_: _forward(pid, signal.SIGTERM))
         _linux.close_fds((1, 2))
         _linux.drop_privileges(uid, gid)  # it only waits for the server from here on
-        while True:
-            try:
-                _, status = os.waitpid(pid, 0)
-                return os.waitstatus_to_exitcode(status) & 0xFF
-            except InterruptedError:
-                continue
-            except ChildProcessError:
-                return 0
+        return _exit_code(pid)
 
     def _server(self, uid: int, gid: int, limits: Limits, env: Dict[str, str]) -> int:
         """The server: pid 1 of its namespace, unprivileged, limited."""
