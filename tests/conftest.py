@@ -16,14 +16,15 @@ from .envs import TRACKER, CounterAction, CounterEnv, CounterObservation, Counte
 
 
 @contextlib.contextmanager
-def serve(app: Any, uds: bool = False) -> Iterator[BackgroundServer]:
-    """A real uvicorn server for ``app`` on 127.0.0.1 (or a Unix socket)."""
+def serve(app: Any, uds: bool = False, **overrides: Any) -> Iterator[BackgroundServer]:
+    """A real uvicorn server for ``app`` on 127.0.0.1 (or a Unix socket); ``overrides`` go to
+    uvicorn's config."""
     if uds:
         with tempfile.TemporaryDirectory(prefix="openenv-test-") as tmp:
-            with BackgroundServer(app, uds=os.path.join(tmp, "env.sock")) as server:
+            with BackgroundServer(app, uds=os.path.join(tmp, "env.sock"), **overrides) as server:
                 yield server
     else:
-        with BackgroundServer(app) as server:
+        with BackgroundServer(app, **overrides) as server:
             yield server
 
 

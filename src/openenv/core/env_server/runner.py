@@ -27,7 +27,8 @@ def uvicorn_config(
     log_level: str = "warning",
     **overrides: Any,
 ) -> Any:
-    """A ``uvicorn.Config`` with OpenEnv's defaults (one worker, uvloop when installed)."""
+    """A ``uvicorn.Config`` with OpenEnv's defaults (one worker, uvloop when installed, the
+    WebSocket protocol of :mod:`.ws_protocol`)."""
     import uvicorn
 
     options: dict = dict(
@@ -39,8 +40,19 @@ def uvicorn_config(
         lifespan="on",
         timeout_graceful_shutdown=5,
     )
+    ws = _ws_protocol()
+    if ws is not None:
+        options["ws"] = ws
     options.update(overrides)
     return uvicorn.Config(app, **options)
+
+
+def _ws_protocol() -> Any:
+    try:
+        from .ws_protocol import OpenEnvWebSocketProtocol
+    except ImportError:  # a uvicorn without the sans-I/O WebSocket protocol: keep its default
+        return None
+    return OpenEnvWebSocketProtocol
 
 
 def run_server(

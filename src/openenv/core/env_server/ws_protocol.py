@@ -1,0 +1,45 @@
+"""uvicorn's sans-I/O WebSocket protocol with a small read-ahead window.
+
+uvicorn stops reading a connection's socket after every message it queues for the app and starts
+again once the app has taken it. For a request/response client (send a step, wait for its
+observation) that is two changes of the socket's interest in the event loop per message, each a
+system call, although nothing is ever waiting in the queue. This protocol lets a few small messages
+wait before it stops reading (``READ_AHEAD_MESSAGES``); a large message (over
+``READ_AHEAD_MAX_BYTES``) stops reading at once, as uvicorn does. Either way the messages of the
+read that was already under way are still queued (uvicorn does the same), so what waits unread by
+the app is at most the window plus one read, and TCP backpressure applies beyond it.
+
+The runners in :mod:`openenv.core.env_server.runner` use it unless told otherwise
+(``ws="websockets-sansio"`` restores uvicorn's behaviour), on uvicorn releases that have the
+sans-I/O protocol (0.35 and later; older ones keep their own default).
+"""
+
+from __future__ import annotations
+
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+READ_AHEAD_MESSAGES = 4
+"""Messages that may wait for the app before the socket is no longer read."""
+
+READ_AHEAD_MAX_BYTES = 64 * 1024
+"""A message at least this large stops reading as soon as it is queued."""
+
+
+class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
+    """:class:`WebSocketsSansIOProtocol` that pauses reading only when messages pile up."""
+
+    def send_receive_event_to_app(self) -> None:
+        size = 0
+        for part in self.frames:
+            size += len(part)
+        paused = self.read_paused
+        # The base class pauses reading after queueing unless it believes it already has:
+        # tell it so, and decide here instead.
+        self.read_paused = True
+        try:
+            super().send_receive_event_to_app()
+        finally:
+            self.read_paused = paused
+        if not paused and (size >= READ_AHEAD_MAX_BYTES or self.queue.qsize() >= READ_AHEAD_MESSAGES):
+            self.read_paused = True
+            self.transport.pause_reading()

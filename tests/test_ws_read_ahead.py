@@ -1,0 +1,140 @@
+"""The server's WebSocket protocol (openenv.core.env_server.ws_protocol) on a live server: request
+and response traffic never stops reading the socket, while piled-up or large messages still do, so
+TCP backpressure holds and frames are answered in order."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import struct
+import termios
+import time
+
+from websockets.asyncio.client import connect
+
+from openenv.core.env_server import ws_protocol
+from openenv.core.env_server.ws_protocol import OpenEnvWebSocketProtocol
+
+from .conftest import counter_app, serve, until
+
+
+def ws_url(server) -> str:
+    return server.base_url.replace("http://", "ws://") + "/ws"
+
+
+def unread_bytes(protocol) -> int:
+    """Bytes the kernel holds for the server's end of the connection that it has not read."""
+    sock = protocol.transport.get_extra_info("socket")
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+
+
+def ws_connections(server) -> list:
+    return [c for c in server.server.server_state.connections if isinstance(c, OpenEnvWebSocketProtocol)]
+
+
+class PauseCounter:
+    """Counts the real transport's pause_reading calls of every connection made while installed."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.pauses = 0
+        original = OpenEnvWebSocketProtocol.connection_made
+        counter = self
+
+        def connection_made(protocol, transport) -> None:
+            pause = transport.pause_reading
+
+            def counted() -> None:
+                counter.pauses += 1
+                pause()
+
+            # uvloop transports do not take attributes: wrap the transport the protocol keeps
+            protocol_transport = _Counting(transport, counted)
+            original(protocol, protocol_transport)
+
+        monkeypatch.setattr(OpenEnvWebSocketProtocol, "connection_made", connection_made)
+
+
+class _Counting:
+    def __init__(self, transport, pause) -> None:
+        self._transport = transport
+        self.pause_reading = pause
+
+    def __getattr__(self, name):
+        return getattr(self._transport, name)
+
+
+def test_the_runners_serve_websockets_with_the_read_ahead_protocol(counter_server):
+    assert counter_server.server.config.ws_protocol_class is OpenEnvWebSocketProtocol
+
+
+async def test_request_response_traffic_never_pauses_reading(monkeypatch):
+    counter = PauseCounter(monkeypatch)
+    with serve(counter_app()) as server:
+        async with connect(ws_url(server)) as ws:
+            await ws.send(json.dumps({"type": "reset"}))
+            await ws.recv()
+            for i in range(50):
+                await ws.send(json.dumps({"type": "step", "data": {"delta": 1}}))
+                assert json.loads(await ws.recv())["data"]["observation"]["value"] == i + 1
+            (protocol,) = ws_connections(server)
+            assert not protocol.read_paused
+    assert counter.pauses == 0
+
+
+async def test_piled_up_frames_stop_reading_and_are_all_answered_in_order(monkeypatch):
+    counter = PauseCounter(monkeypatch)
+    frames = 120
+    with serve(counter_app()) as server:
+        async with connect(ws_url(server), max_queue=None) as ws:
+            await ws.send(json.dumps({"type": "reset"}))
+            await ws.recv()
+            # The first step blocks the session; the rest pile up behind it.
+            await ws.send(json.dumps({"type": "step", "data": {"delta": 1, "sleep_s": 0.6}}))
+            for _ in range(frames - 1):  # one by one, so that each arrives in a read of its own
+                await ws.send(json.dumps({"type": "step", "data": {"delta": 1}}))
+                await asyncio.sleep(0.002)
+            await asyncio.sleep(0.05)  # time enough to read the rest, if the server were reading
+            (protocol,) = ws_connections(server)
+            assert protocol.read_paused
+            # The server stopped reading with frames still waiting in the kernel's buffer: TCP
+            # backpressure, not an ever-growing queue in the server.
+            assert unread_bytes(protocol) > 0
+            assert protocol.queue.qsize() < frames - 1
+            values = [json.loads(await ws.recv())["data"]["observation"]["value"] for _ in range(frames)]
+            assert values == list(range(1, frames + 1))
+            assert not protocol.read_paused  # reading resumed once the app caught up
+    assert counter.pauses >= 1
+
+
+async def test_a_large_frame_stops_reading_at_once(monkeypatch):
+    counter = PauseCounter(monkeypatch)
+    with serve(counter_app()) as server:
+        async with connect(ws_url(server), max_size=None) as ws:
+            await ws.send(json.dumps({"type": "reset"}))
+            await ws.recv()
+            await ws.send(json.dumps({"type": "step", "data": {"delta": 1, "sleep_s": 0.3}}))
+            # Without the size rule this frame would wait in the read-ahead window unpaused.
+            big = json.dumps({"type": "step", "data": {"delta": 1, "pad": "x" * ws_protocol.READ_AHEAD_MAX_BYTES}})
+            started = time.monotonic()
+            await ws.send(big)
+            (protocol,) = ws_connections(server)
+            await until(lambda: counter.pauses >= 1, timeout=3)
+            assert time.monotonic() - started < 3
+            first = json.loads(await ws.recv())
+            second = json.loads(await ws.recv())
+            assert first["data"]["observation"]["value"] == 1
+            # CounterAction ignores unknown fields or rejects them; either way the frame was answered
+            assert second["type"] in ("observation", "error")
+            await ws.send(json.dumps({"type": "step", "data": {"delta": 1}}))
+            assert json.loads(await ws.recv())["type"] == "observation"
+            assert not protocol.read_paused
+
+
+async def test_uvicorns_own_protocol_can_still_be_chosen():
+    with serve(counter_app(), ws="websockets-sansio") as server:
+        assert server.server.config.ws_protocol_class is not OpenEnvWebSocketProtocol
+        async with connect(ws_url(server)) as ws:
+            await ws.send(json.dumps({"type": "reset"}))
+            assert json.loads(await ws.recv())["type"] == "observation"
+        await asyncio.sleep(0)
