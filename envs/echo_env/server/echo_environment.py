@@ -65,15 +65,17 @@ class EchoEnvironment(MCPEnvironment):
         mcp = _TOOLS
         super().__init__(mcp)
         self.rubric = EchoLengthReward()
-        self._state = State(episode_id=str(uuid4()), step_count=0)
+        self._episode_id = str(uuid4())
+        self._steps = 0  # a plain counter: State is built when asked for (it validates assignments)
 
     def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> EchoObservation:
-        self._state = State(episode_id=episode_id or str(uuid4()), step_count=0)
+        self._episode_id = episode_id or str(uuid4())
+        self._steps = 0
         self._reset_rubric()
         return EchoObservation(echoed_message=READY_MESSAGE, message_length=0, reward=0.0, metadata={"status": "ready"})
 
     async def _after_mcp_action(self, action: Action, observation: Observation) -> Observation:
-        self._state.step_count += 1
+        self._steps += 1
         return await super()._after_mcp_action(action, observation)
 
     def _step_impl(self, action: Action, timeout_s: Optional[float] = None, **kwargs: Any) -> Observation:
@@ -83,4 +85,4 @@ class EchoEnvironment(MCPEnvironment):
 
     @property
     def state(self) -> State:
-        return self._state
+        return State(episode_id=self._episode_id, step_count=self._steps)
