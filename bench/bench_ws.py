@@ -2,7 +2,9 @@
 
 Each case runs our server (uvicorn + OpenEnv, in its own process) and the floor (a bare
 ``websockets`` server doing the same JSON round trip, same event loop) in the same run, with the
-same client, and reports both and their ratio. Server CPU is read from /proc for the server's
+same client, and reports both and their ratio. Each repeat measures the two back to back, in
+alternating order, and a ratio is the median of the repeats' own ratios, so that a shared
+machine's drift between repeats cancels out. Server CPU is read from /proc for the server's
 process only, so the client's own cost does not count.
 
     python bench/bench_ws.py [--seconds 2.5] [--repeats 3] [--ks 1,32,512] [--cases sync,async,echo]
@@ -168,17 +170,24 @@ def main() -> int:
         try:
             for k in ks:
                 runs: Dict[str, List[Dict[str, float]]] = {"floor": [], "ours": []}
-                for _ in range(args.repeats):
-                    for which, server in (("floor", floor), ("ours", ours)):
+                for repeat in range(args.repeats):
+                    # Each repeat measures both, back to back, in alternating order: the ratios are
+                    # taken pair by pair, so that a shared machine's drift cancels out.
+                    pair = (("floor", floor), ("ours", ours))
+                    for which, server in pair if repeat % 2 == 0 else pair[::-1]:
                         runs[which].append(asyncio.run(measure(server, frame, k, args.seconds)))
                 row = {"case": label, "k": k, "floor": median_of(runs["floor"]), "ours": median_of(runs["ours"])}
-                row["throughput_ratio"] = row["ours"]["steps_per_s"] / row["floor"]["steps_per_s"]
-                row["cpu_ratio"] = row["ours"]["cpu_us_per_step"] / row["floor"]["cpu_us_per_step"]
+                for key, metric in (("throughput_ratio", "steps_per_s"), ("cpu_ratio", "cpu_us_per_step")):
+                    ratios = sorted(o[metric] / f[metric] for f, o in zip(runs["floor"], runs["ours"], strict=True))
+                    row[key] = statistics.median(ratios)
+                    row[key + "_range"] = [ratios[0], ratios[-1]]
                 rows.append(row)
                 print(
                     f"{label:<20} K={k:<4} floor {row['floor']['steps_per_s']:8.0f}/s {row['floor']['cpu_us_per_step']:6.1f} us | "
                     f"ours {row['ours']['steps_per_s']:8.0f}/s {row['ours']['cpu_us_per_step']:6.1f} us | "
-                    f"throughput x{row['throughput_ratio']:.2f}  cpu x{row['cpu_ratio']:.2f}",
+                    f"throughput x{row['throughput_ratio']:.2f}  cpu x{row['cpu_ratio']:.2f} "
+                    f"(pairs: {row['throughput_ratio_range'][0]:.2f}-{row['throughput_ratio_range'][1]:.2f}, "
+                    f"{row['cpu_ratio_range'][0]:.2f}-{row['cpu_ratio_range'][1]:.2f})",
                     flush=True,
                 )
             leftover = ours.sessions() if ours_name != "null" else {"active": 0}
