@@ -7,11 +7,15 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import json
+import socket
 import struct
 import termios
 import time
 
 from websockets.asyncio.client import connect
+from websockets.client import ClientProtocol
+from websockets.frames import Frame, Opcode
+from websockets.uri import parse_uri
 
 from openenv.core.env_server import ws_protocol
 from openenv.core.env_server.ws_protocol import OpenEnvWebSocketProtocol
@@ -138,3 +142,37 @@ async def test_uvicorns_own_protocol_can_still_be_chosen():
             await ws.send(json.dumps({"type": "reset"}))
             assert json.loads(await ws.recv())["type"] == "observation"
         await asyncio.sleep(0)
+
+
+def test_a_large_frame_after_the_servers_close_does_not_stall_the_close_handshake(counter_server):
+    # A raw client (websockets' sans-I/O protocol over a plain socket), because the frame must
+    # arrive after the server's close frame and before the client's close reply.
+    host, port = counter_server.host, counter_server.port
+    client = ClientProtocol(parse_uri(f"ws://{host}:{port}/ws"))
+    with socket.create_connection((host, port), timeout=15) as sock:
+
+        def send_pending() -> None:
+            sock.sendall(b"".join(client.data_to_send()))
+
+        def next_event():
+            while True:
+                events = client.events_received()
+                if events:
+                    return events[0]
+                client.receive_data(sock.recv(65536))
+
+        client.send_request(client.connect())
+        send_pending()
+        next_event()  # the handshake's response
+        client.send_text(b'{"type":"close"}')
+        send_pending()
+        assert next_event().opcode is Opcode.CLOSE  # the server's close frame; our reply waits
+        big = Frame(Opcode.TEXT, b"x" * (2 * ws_protocol.READ_AHEAD_MAX_BYTES))
+        sock.sendall(big.serialize(mask=True))
+        time.sleep(0.2)
+        started = time.monotonic()
+        send_pending()  # the close reply, which the server must still read
+        while sock.recv(65536):
+            pass
+        # uvicorn would have stopped reading at the big frame and waited 10 s for the reply
+        assert time.monotonic() - started < 3

@@ -29,17 +29,21 @@ class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
     """:class:`WebSocketsSansIOProtocol` that pauses reading only when messages pile up."""
 
     def send_receive_event_to_app(self) -> None:
+        if self.read_paused or self.close_sent:
+            # Already paused, or past the app's close: the message is then discarded and reading
+            # must go on until the peer's close reply. The base class does right by both.
+            super().send_receive_event_to_app()
+            return
         size = 0
         for part in self.frames:
             size += len(part)
-        paused = self.read_paused
         # The base class pauses reading after queueing unless it believes it already has:
         # tell it so, and decide here instead.
         self.read_paused = True
         try:
             super().send_receive_event_to_app()
         finally:
-            self.read_paused = paused
-        if not paused and (size >= READ_AHEAD_MAX_BYTES or self.queue.qsize() >= READ_AHEAD_MESSAGES):
+            self.read_paused = False
+        if size >= READ_AHEAD_MAX_BYTES or self.queue.qsize() >= READ_AHEAD_MESSAGES:
             self.read_paused = True
             self.transport.pause_reading()
