@@ -176,3 +176,20 @@ def test_a_large_frame_after_the_servers_close_does_not_stall_the_close_handshak
             pass
         # uvicorn would have stopped reading at the big frame and waited 10 s for the reply
         assert time.monotonic() - started < 3
+
+
+def test_a_uvicorn_whose_protocol_works_otherwise_keeps_its_own_default(monkeypatch):
+    from openenv.core.env_server.runner import uvicorn_config
+
+    assert ws_protocol.compatible()  # the installed uvicorn
+
+    class Other:  # queues and reads without the state the read-ahead window relies on
+        def send_receive_event_to_app(self) -> None:
+            self.queue.put_nowait({"type": "websocket.receive"})
+
+        async def receive(self) -> dict:
+            return await self.queue.get()
+
+    monkeypatch.setattr(ws_protocol, "WebSocketsSansIOProtocol", Other)
+    assert not ws_protocol.compatible()
+    assert uvicorn_config(object()).ws == "auto"

@@ -49,10 +49,10 @@ def uvicorn_config(
 
 def _ws_protocol() -> Any:
     try:
-        from .ws_protocol import OpenEnvWebSocketProtocol
+        from .ws_protocol import OpenEnvWebSocketProtocol, compatible
     except ImportError:  # a uvicorn without the sans-I/O WebSocket protocol: keep its default
         return None
-    return OpenEnvWebSocketProtocol
+    return OpenEnvWebSocketProtocol if compatible() else None
 
 
 def run_server(

@@ -10,8 +10,8 @@ read that was already under way are still queued (uvicorn does the same), so wha
 the app is at most the window plus one read, and TCP backpressure applies beyond it.
 
 The runners in :mod:`openenv.core.env_server.runner` use it unless told otherwise
-(``ws="websockets-sansio"`` restores uvicorn's behaviour), on uvicorn releases that have the
-sans-I/O protocol (0.35 and later; older ones keep their own default).
+(``ws="websockets-sansio"`` restores uvicorn's behaviour), on uvicorn releases whose sans-I/O
+protocol works as described (:func:`compatible`); others keep their own default.
 """
 
 from __future__ import annotations
@@ -23,6 +23,23 @@ READ_AHEAD_MESSAGES = 4
 
 READ_AHEAD_MAX_BYTES = 64 * 1024
 """A message at least this large stops reading as soon as it is queued."""
+
+
+def _names(function: object) -> frozenset:
+    code = getattr(function, "__code__", None)
+    return frozenset(code.co_names) if code is not None else frozenset()
+
+
+def compatible() -> bool:
+    """Whether this uvicorn's protocol keeps the state the subclass below relies on: it queues a
+    message and pauses reading in ``send_receive_event_to_app`` (unless ``read_paused``, and not
+    past ``close_sent``), and ``receive`` resumes reading once the queue is empty."""
+    queueing = _names(getattr(WebSocketsSansIOProtocol, "send_receive_event_to_app", None))
+    receiving = _names(getattr(WebSocketsSansIOProtocol, "receive", None))
+    return {"frames", "read_paused", "close_sent", "pause_reading"} <= queueing and {
+        "read_paused",
+        "resume_reading",
+    } <= receiving
 
 
 class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
