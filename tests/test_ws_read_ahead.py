@@ -120,16 +120,14 @@ async def test_a_large_frame_stops_reading_at_once(monkeypatch):
             await ws.send(json.dumps({"type": "step", "data": {"delta": 1, "sleep_s": 0.3}}))
             # Without the size rule this frame would wait in the read-ahead window unpaused.
             big = json.dumps({"type": "step", "data": {"delta": 1, "pad": "x" * ws_protocol.READ_AHEAD_MAX_BYTES}})
-            started = time.monotonic()
             await ws.send(big)
             (protocol,) = ws_connections(server)
             await until(lambda: counter.pauses >= 1, timeout=3)
-            assert time.monotonic() - started < 3
             first = json.loads(await ws.recv())
             second = json.loads(await ws.recv())
             assert first["data"]["observation"]["value"] == 1
-            # CounterAction ignores unknown fields or rejects them; either way the frame was answered
-            assert second["type"] in ("observation", "error")
+            # the big frame was read and answered too (CounterAction forbids the unknown field)
+            assert second["type"] == "error" and second["data"]["code"] == "VALIDATION_ERROR"
             await ws.send(json.dumps({"type": "step", "data": {"delta": 1}}))
             assert json.loads(await ws.recv())["type"] == "observation"
             assert not protocol.read_paused
@@ -141,7 +139,6 @@ async def test_uvicorns_own_protocol_can_still_be_chosen():
         async with connect(ws_url(server)) as ws:
             await ws.send(json.dumps({"type": "reset"}))
             assert json.loads(await ws.recv())["type"] == "observation"
-        await asyncio.sleep(0)
 
 
 def test_a_large_frame_after_the_servers_close_does_not_stall_the_close_handshake(counter_server):

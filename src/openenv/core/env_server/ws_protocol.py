@@ -4,8 +4,8 @@ uvicorn stops reading a connection's socket after every message it queues for th
 again once the app has taken it. For a request/response client (send a step, wait for its
 observation) that is two changes of the socket's interest in the event loop per message, each a
 system call, although nothing is ever waiting in the queue. This protocol lets a few small messages
-wait before it stops reading (``READ_AHEAD_MESSAGES``); a large message (over
-``READ_AHEAD_MAX_BYTES``) stops reading at once, as uvicorn does. Either way the messages of the
+wait before it stops reading (``READ_AHEAD_MESSAGES``); a large message (``READ_AHEAD_MAX_BYTES``
+or more) stops reading at once, as uvicorn does. Either way the messages of the
 read that was already under way are still queued (uvicorn does the same), so what waits unread by
 the app is at most the window plus one read, and TCP backpressure applies beyond it.
 
@@ -51,9 +51,7 @@ class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
             # must go on until the peer's close reply. The base class does right by both.
             super().send_receive_event_to_app()
             return
-        size = 0
-        for part in self.frames:
-            size += len(part)
+        size = sum(map(len, self.frames))
         # The base class pauses reading after queueing unless it believes it already has:
         # tell it so, and decide here instead.
         self.read_paused = True
