@@ -39,8 +39,9 @@ format: setup
 	$(PY) -m ruff format src tests envs examples bench
 	$(PY) -m ruff check --fix src tests envs examples bench
 
-bench: setup  ## throughput/latency/CPU vs a raw-websockets floor; footprint; churn; sandbox start-up
+bench: setup  ## throughput/latency/CPU vs a raw-websockets floor; sync hand-off; footprint; churn; sandbox start-up
 	$(PY) bench/bench_ws.py
+	$(PY) bench/bench_handoff.py
 	$(PY) bench/bench_footprint.py
 	$(PY) bench/bench_churn.py
 	$(PY) bench/bench_sandbox.py
