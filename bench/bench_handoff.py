@@ -2,8 +2,10 @@
 
 The floor is the same step called directly on the event loop's thread. Both are measured back to
 back (the threads stay busy) and after an idle millisecond before each call (as between a
-trainer's steps, when the threads sleep and the CPU's caches go cold). CPU is this process's,
-from getrusage.
+trainer's steps, when the threads sleep and the CPU's caches go cold). CPU and thread switches
+(voluntary and involuntary context switches) are this process's, from getrusage. Back to back, a
+hand-off can cost no fewer than two switches: the worker sleeps until the call comes, the loop
+until the result does.
 
     python bench/bench_handoff.py [--calls 3000]
 """
@@ -15,7 +17,7 @@ import asyncio
 import resource
 import sys
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Dict
+from typing import Any, Awaitable, Callable, Dict, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -24,27 +26,30 @@ from apps import PingAction, TrivialEnv
 from openenv.core.env_server.workers import WorkerPool
 
 
-def cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+def usage() -> Tuple[float, int]:
+    """This process's CPU seconds and context switches (all threads)."""
+    now = resource.getrusage(resource.RUSAGE_SELF)
+    return now.ru_utime + now.ru_stime, now.ru_nvcsw + now.ru_nivcsw
 
 
-async def per_call_us(call: Callable[[], Awaitable[Any]], calls: int, idle_s: float) -> float:
-    """CPU µs per call, less what the idle wait alone costs."""
+async def per_call(call: Callable[[], Awaitable[Any]], calls: int, idle_s: float) -> Tuple[float, float]:
+    """CPU µs and context switches per call, less what the idle wait alone costs."""
 
-    async def run(body: Callable[[], Awaitable[Any]]) -> float:
-        started = cpu_s()
+    async def run(body: Callable[[], Awaitable[Any]]) -> Tuple[float, int]:
+        cpu, switches = usage()
         for _ in range(calls):
             if idle_s:
                 await asyncio.sleep(idle_s)
             await body()
-        return cpu_s() - started
+        cpu_after, switches_after = usage()
+        return cpu_after - cpu, switches_after - switches
 
     async def nothing() -> None:
         return None
 
-    baseline = await run(nothing)
-    return 1e6 * (await run(call) - baseline) / calls
+    base_cpu, base_switches = await run(nothing)
+    cpu, switches = await run(call)
+    return 1e6 * (cpu - base_cpu) / calls, (switches - base_switches) / calls
 
 
 async def main_async(calls: int) -> Dict[str, Dict[str, float]]:
@@ -64,9 +69,13 @@ async def main_async(calls: int) -> Dict[str, Dict[str, float]]:
         await handoff()
     rows: Dict[str, Dict[str, float]] = {}
     for label, idle_s in (("back to back", 0.0), ("after 1 ms idle", 0.001)):
+        floor_us, floor_switches = await per_call(inline, calls, idle_s)
+        ours_us, ours_switches = await per_call(handoff, calls, idle_s)
         rows[label] = {
-            "floor_us": await per_call_us(inline, calls, idle_s),
-            "ours_us": await per_call_us(handoff, calls, idle_s),
+            "floor_us": floor_us,
+            "ours_us": ours_us,
+            "floor_switches": floor_switches,
+            "ours_switches": ours_switches,
         }
     pool.shutdown()
     return rows
@@ -83,10 +92,15 @@ def main() -> int:
     except ImportError:
         pass
     rows = asyncio.run(main_async(args.calls))
-    print("| trivial sync step | on the loop (floor) CPU µs | on a worker CPU µs | ratio |")
-    print("|---|---|---|---|")
+    print(
+        "| trivial sync step | on the loop (floor) CPU µs | on a worker CPU µs | ratio | thread switches per call, floor / ours |"
+    )
+    print("|---|---|---|---|---|")
     for label, row in rows.items():
-        print(f"| {label} | {row['floor_us']:.1f} | {row['ours_us']:.1f} | {row['ours_us'] / row['floor_us']:.1f} |")
+        print(
+            f"| {label} | {row['floor_us']:.1f} | {row['ours_us']:.1f} | {row['ours_us'] / row['floor_us']:.1f} "
+            f"| {max(row['floor_switches'], 0.0):.2f} / {max(row['ours_switches'], 0.0):.2f} |"
+        )
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 
@@ -96,3 +97,103 @@ async def test_shutdown_refuses_new_work():
     pool.shutdown()
     with pytest.raises(RuntimeError, match="shut down"):
         pool.submit(lambda: None)
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _loop_factories():
+    factories = [asyncio.new_event_loop]
+    try:
+        import uvloop
+    except ImportError:  # uvloop is a server extra; the asyncio loop is still tested
+        return factories
+    return [*factories, uvloop.new_event_loop]
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux's")
+async def test_workers_run_under_sched_batch_unless_turned_off():
+    pool = WorkerPool(1)
+    assert await pool.run(os.sched_getscheduler, 0) == os.SCHED_BATCH
+    # threads an environment starts from a step inherit it; the loop's own thread is untouched
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+    pool.shutdown()
+    plain = WorkerPool(1, batch=False)
+    assert await plain.run(os.sched_getscheduler, 0) == os.SCHED_OTHER
+    plain.shutdown()
+
+
+@pytest.mark.skipif(os.name != "posix", reason="the wake-up fd is POSIX-only")
+@pytest.mark.parametrize("new_loop", _loop_factories(), ids=lambda f: f.__module__.split(".")[0])
+def test_results_wake_the_loop_through_its_fd_not_call_soon_threadsafe(new_loop):
+    """The worker's wake-up is a write to a file descriptor the loop watches."""
+
+    async def main() -> list:
+        loop = asyncio.get_running_loop()
+        pool = WorkerPool(2)
+        calls = []
+        original = loop.call_soon_threadsafe
+
+        def spy(callback, *args, **kwargs):
+            calls.append(getattr(callback, "__qualname__", repr(callback)))
+            return original(callback, *args, **kwargs)
+
+        loop.call_soon_threadsafe = spy  # an instance attribute; the loop's own wake-ups go past it
+        try:
+            results = await asyncio.gather(*(pool.run(pow, 2, n) for n in range(20)))
+            assert results == [2**n for n in range(20)]
+            assert await asyncio.wait_for(pool.run(time.sleep, 0.01), 2) is None
+        finally:
+            del loop.call_soon_threadsafe
+            pool.shutdown()
+        return calls
+
+    with asyncio.Runner(loop_factory=new_loop) as runner:
+        assert not [name for name in runner.run(main()) if "drain" in name]
+
+
+def test_a_loop_that_cannot_watch_fds_still_gets_results():
+    class NoReaders(asyncio.SelectorEventLoop):
+        def add_reader(self, *args):
+            raise NotImplementedError
+
+    with asyncio.Runner(loop_factory=NoReaders) as runner:
+        pool = WorkerPool(1)
+        before = _open_fds()
+        assert runner.run(pool.run(lambda: "via call_soon_threadsafe")) == "via call_soon_threadsafe"
+        assert _open_fds() == before  # the fd it could not use was closed again
+        pool.shutdown()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts fds through /proc")
+def test_no_fd_is_left_open_by_pools_and_loops_that_ended():
+    before = _open_fds()
+    shared = WorkerPool(2)  # like the process-wide pool of sync tools, used from loop after loop
+
+    async def both(pool: WorkerPool) -> None:
+        assert await pool.run(lambda: 1) == 1
+        assert await shared.run(lambda: 2) == 2
+        pool.shutdown()  # on the loop, as the session manager does
+
+    for _ in range(30):
+        with asyncio.Runner() as runner:
+            runner.run(both(WorkerPool(2)))
+    # each ended loop's fd is closed when the shared pool next meets a new loop; the last one
+    # when the shared pool shuts down
+    assert _open_fds() - before <= 2
+    shared.shutdown()
+    assert _open_fds() - before <= 0
+
+
+async def test_a_call_still_running_at_shutdown_is_delivered_then_its_fd_closed():
+    pool = WorkerPool(1)
+    before = _open_fds()
+    gate = threading.Event()
+    running = asyncio.ensure_future(pool.run(gate.wait, 5))
+    await until(lambda: pool.threads == 1)
+    pool.shutdown()
+    assert _open_fds() == before + 1  # still watched: a result is on its way
+    gate.set()
+    assert await asyncio.wait_for(running, 5) is True
+    assert _open_fds() == before

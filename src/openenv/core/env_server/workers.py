@@ -1,10 +1,24 @@
 """A bounded pool of worker threads for the blocking calls of sync environments.
 
-Unlike ``loop.run_in_executor`` it hands results back to the event loop with a single
-``call_soon_threadsafe``, its threads are daemons (a hung environment never blocks interpreter
-exit), and a call abandoned by a timeout or a cancelled request does not cost the pool a worker
-for good: a replacement thread is allowed while the stuck one is busy, and the stuck one retires
-when its call finally returns.
+Unlike ``loop.run_in_executor`` it hands results back to the event loop with one wake-up for
+however many calls finished meanwhile, its threads are daemons (a hung environment never blocks
+interpreter exit), and a call abandoned by a timeout or a cancelled request does not cost the pool
+a worker for good: a replacement thread is allowed while the stuck one is busy, and the stuck one
+retires when its call finally returns.
+
+Two details keep a hand-off to a worker and back at the minimum of thread switches (one sleep of
+the worker, one extra of the loop; ``bench/bench_handoff.py`` and ``bench/bench_ws.py`` measure
+it):
+
+* Results wake the loop through an eventfd (a pipe off Linux) that the loop watches, written with
+  ``os.write``, which lets go of the GIL for the write. uvloop's ``call_soon_threadsafe`` writes
+  its wake-up while holding the GIL, so the woken loop often has to sleep again until the worker
+  lets go of it. Loops that cannot watch a file descriptor get ``call_soon_threadsafe``.
+* Workers run under Linux's ``SCHED_BATCH`` policy: a worker that is woken does not preempt the
+  thread that woke it. That thread is the event loop, which holds the GIL until it next waits,
+  so a worker that preempted it could not run Python anyway and would only switch back. The
+  policy changes wake-up preemption only, not a thread's share of the CPU; threads and processes
+  an environment starts from a step inherit it. ``WorkerPool(..., batch=False)`` turns it off.
 """
 
 from __future__ import annotations
@@ -13,9 +27,11 @@ import asyncio
 import collections
 import itertools
 import logging
+import os
 import queue
+import sys
 import threading
-from typing import Any, Callable, Deque, Dict, List, Optional
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 _pool_ids = itertools.count(1)
 logger = logging.getLogger("openenv.server")
@@ -88,34 +104,138 @@ class Job:
             callback()
 
 
+_WAKE = (1).to_bytes(8, sys.byteorder)  # an eventfd takes an 8-byte count; a pipe takes any bytes
+
+
+def _wake_fds() -> Optional[Tuple[int, int]]:
+    """A non-blocking (read, write) pair of file descriptors: one eventfd on Linux, else a pipe."""
+    if os.name != "posix":
+        return None
+    eventfd = getattr(os, "eventfd", None)
+    if eventfd is not None:
+        try:
+            fd = eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            return fd, fd
+        except OSError:
+            pass
+    try:
+        read_fd, write_fd = os.pipe()
+    except OSError:
+        return None
+    os.set_blocking(read_fd, False)
+    os.set_blocking(write_fd, False)
+    return read_fd, write_fd
+
+
 class _Delivery:
     """Hands finished calls back to one event loop, one wake-up for however many finished meanwhile."""
 
-    __slots__ = ("finished", "loop", "scheduled")
+    __slots__ = ("_lock", "_read_fd", "_write_fd", "closing", "finished", "loop", "pending", "scheduled")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.finished: Deque[Job] = collections.deque()
         self.scheduled = False
+        self.pending = 0  # calls submitted and not yet handed back (loop thread only)
+        self.closing = False  # the pool is shut down: close the fds once nothing is pending
+        self._lock = threading.Lock()  # a worker's write against the loop's close
+        self._read_fd = self._write_fd = -1
+        fds = _wake_fds()
+        if fds is not None:
+            try:
+                loop.add_reader(fds[0], self._woken)
+            except (NotImplementedError, RuntimeError, ValueError, OSError):
+                for fd in set(fds):
+                    os.close(fd)
+            else:
+                self._read_fd, self._write_fd = fds
 
     def push(self, job: Job) -> None:  # on a worker thread
         self.finished.append(job)
-        if not self.scheduled:  # a stale True only means the pending drain picks this one up too
-            self.scheduled = True
-            try:
-                self.loop.call_soon_threadsafe(self.drain)
-            except RuntimeError:  # the loop is closed: nobody is waiting any more
-                pass
+        if self.scheduled:  # a stale True only means the pending drain picks this one up too
+            return
+        self.scheduled = True
+        if self._write_fd >= 0:
+            with self._lock:
+                if self._write_fd >= 0:
+                    try:
+                        os.write(self._write_fd, _WAKE)
+                    except BlockingIOError:  # the pipe is full: a wake-up is pending anyway
+                        pass
+                    return
+        try:
+            self.loop.call_soon_threadsafe(self.drain)
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
+            pass
+
+    def _woken(self) -> None:  # on the loop
+        try:
+            os.read(self._read_fd, 512)
+        except (BlockingIOError, InterruptedError):
+            pass
+        self.drain()
 
     def drain(self) -> None:  # on the loop
         self.scheduled = False
         finished = self.finished
         while finished:
             job = finished.popleft()
+            self.pending -= 1
             try:
                 job._finish(*job.returned)  # type: ignore[misc]
             except Exception:  # a done-callback failed; the other calls still get their results
                 logger.exception("delivering a worker result failed")
+        if self.closing and self.pending <= 0:
+            self.close()
+
+    def retire(self) -> None:
+        """Close the wake-up fds once every call in flight has been handed back."""
+        loop = self.loop
+        if loop.is_closed():
+            self.close()
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not loop:
+            try:
+                loop.call_soon_threadsafe(self.retire)
+            except RuntimeError:  # closed meanwhile
+                self.close()
+            return
+        self.closing = True
+        if self.pending <= 0:
+            self.close()
+
+    def close(self) -> None:
+        """Stop watching and close the fds (on the loop's thread, or after the loop closed).
+
+        Later results arrive through ``call_soon_threadsafe``, if the loop still runs."""
+        with self._lock:
+            read_fd, write_fd = self._read_fd, self._write_fd
+            self._read_fd = self._write_fd = -1
+        if read_fd < 0:
+            return
+        if not self.loop.is_closed():
+            try:
+                self.loop.remove_reader(read_fd)
+            except Exception:  # the loop is shutting down
+                pass
+        for fd in {read_fd, write_fd}:
+            os.close(fd)
+
+
+def _batch_policy() -> None:
+    """Run the calling thread under SCHED_BATCH where the OS offers it (see the module's text)."""
+    setscheduler = getattr(os, "sched_setscheduler", None)
+    policy = getattr(os, "SCHED_BATCH", None)
+    if setscheduler is None or policy is None:
+        return
+    try:
+        setscheduler(0, policy, os.sched_param(0))
+    except OSError:  # not allowed here (a seccomp profile, say): the default policy serves too
+        pass
 
 
 class WorkerPool:
@@ -126,10 +246,11 @@ class WorkerPool:
     lock in the worker.
     """
 
-    def __init__(self, max_workers: int, name: str = "openenv-worker") -> None:
+    def __init__(self, max_workers: int, name: str = "openenv-worker", batch: bool = True) -> None:
         if max_workers < 1:
             raise ValueError("max_workers must be >= 1")
         self.max_workers = max_workers
+        self.batch = batch
         self.name = f"{name}-{next(_pool_ids)}"
         self._queue: queue.SimpleQueue[Optional[Job]] = queue.SimpleQueue()
         self._lock = threading.Lock()  # guards _threads
@@ -154,7 +275,9 @@ class WorkerPool:
         if self._closed:
             raise RuntimeError("worker pool is shut down")
         loop = asyncio.get_running_loop()
-        job = Job(fn, args, loop.create_future(), self._delivery(loop), self)
+        delivery = self._delivery(loop)
+        job = Job(fn, args, loop.create_future(), delivery, self)
+        delivery.pending += 1
         self._inflight += 1
         self._queue.put(job)
         # Another worker when the calls in flight outnumber the workers, within the bound.
@@ -168,6 +291,7 @@ class WorkerPool:
             for key, old in list(self._deliveries.items()):  # forget loops that have closed
                 if old.loop.is_closed():
                     del self._deliveries[key]
+                    old.close()
             delivery = self._deliveries[id(loop)] = _Delivery(loop)
         return delivery
 
@@ -203,6 +327,8 @@ class WorkerPool:
                 self._spawn()
 
     def _work(self) -> None:
+        if self.batch:
+            _batch_policy()
         get = self._queue.get
         while True:
             job = get()
@@ -232,3 +358,6 @@ class WorkerPool:
         self._closed = True
         for _ in range(self._threads):
             self._queue.put(None)
+        for delivery in list(self._deliveries.values()):
+            delivery.retire()
+        self._deliveries.clear()
