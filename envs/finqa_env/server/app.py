@@ -32,13 +32,13 @@ def main() -> None:
     """``server``: run the environment on http://127.0.0.1:8000 (``--host``/``--port`` to change)."""
     import argparse
 
-    import uvicorn
+    from openenv.core.env_server.runner import run_server
 
     parser = argparse.ArgumentParser(description="Serve the FinQA environment")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     args = parser.parse_args()
-    uvicorn.run(app, host=args.host, port=args.port)
+    run_server(app, host=args.host, port=args.port)
 
 
 if __name__ == "__main__":
