@@ -103,6 +103,9 @@ def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+needs_proc_fds = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts fds through /proc")
+
+
 def _loop_factories():
     factories = [asyncio.new_event_loop]
     try:
@@ -112,16 +115,71 @@ def _loop_factories():
     return [*factories, uvloop.new_event_loop]
 
 
-@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux's")
-async def test_workers_run_under_sched_batch_unless_turned_off():
+def run_on(new_loop, coro, timeout: float = 10.0):
+    """Run ``coro`` on a fresh loop from ``new_loop`` (bounded), then close the loop."""
+    loop = new_loop()
+    try:
+        return loop.run_until_complete(asyncio.wait_for(coro, timeout))
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
+def _batch_allowed() -> bool:
+    if not hasattr(os, "SCHED_BATCH"):
+        return False
+    result = []
+
+    def probe() -> None:  # on a throwaway thread, so this thread's policy stays as it is
+        try:
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+            result.append(True)
+        except OSError:
+            result.append(False)
+
+    thread = threading.Thread(target=probe)
+    thread.start()
+    thread.join()
+    return result == [True]
+
+
+@pytest.mark.skipif(not _batch_allowed(), reason="SCHED_BATCH is Linux's, and may be refused here")
+async def test_workers_run_under_sched_batch_unless_turned_off_or_already_set():
+    inherited = os.sched_getscheduler(0)
     pool = WorkerPool(1)
-    assert await pool.run(os.sched_getscheduler, 0) == os.SCHED_BATCH
-    # threads an environment starts from a step inherit it; the loop's own thread is untouched
-    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+    expected = os.SCHED_BATCH if inherited == os.SCHED_OTHER else inherited
+    assert await pool.run(os.sched_getscheduler, 0) == expected
+
+    def started_thread_policy() -> int:  # threads an environment starts from a step inherit it
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append(os.sched_getscheduler(0)))
+        thread.start()
+        thread.join()
+        return seen[0]
+
+    assert await pool.run(started_thread_policy) == expected
+    assert os.sched_getscheduler(0) == inherited  # the loop's own thread is untouched
     pool.shutdown()
     plain = WorkerPool(1, batch=False)
-    assert await plain.run(os.sched_getscheduler, 0) == os.SCHED_OTHER
+    assert await plain.run(os.sched_getscheduler, 0) == inherited
     plain.shutdown()
+
+
+def test_a_worker_keeps_a_policy_chosen_for_it():
+    if not hasattr(os, "SCHED_IDLE") or not _batch_allowed():
+        pytest.skip("needs Linux scheduling policies")
+    result = []
+
+    def serve_from_an_idle_thread() -> None:  # as if the server had been started under `chrt -i`
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        pool = WorkerPool(1)
+        result.append(run_on(asyncio.new_event_loop, pool.run(os.sched_getscheduler, 0)))
+        pool.shutdown()
+
+    thread = threading.Thread(target=serve_from_an_idle_thread)
+    thread.start()
+    thread.join()
+    assert result == [os.SCHED_IDLE]
 
 
 @pytest.mark.skipif(os.name != "posix", reason="the wake-up fd is POSIX-only")
@@ -149,24 +207,45 @@ def test_results_wake_the_loop_through_its_fd_not_call_soon_threadsafe(new_loop)
             pool.shutdown()
         return calls
 
-    with asyncio.Runner(loop_factory=new_loop) as runner:
-        assert not [name for name in runner.run(main()) if "drain" in name]
+    assert not [name for name in run_on(new_loop, main()) if "drain" in name]
 
 
+@pytest.mark.parametrize("new_loop", _loop_factories(), ids=lambda f: f.__module__.split(".")[0])
+def test_no_result_is_lost_when_many_finish_at_once(new_loop):
+    """Calls finishing together on several workers, round after round: every one is delivered
+    (a lost wake-up would hang a round, and the bound turns that into a failure)."""
+
+    async def main() -> None:
+        pool = WorkerPool(8)
+        for round_ in range(150):
+            count = 1 + round_ % 40
+            assert await asyncio.wait_for(asyncio.gather(*(pool.run(abs, -n) for n in range(count))), 5) == list(
+                range(count)
+            )
+        pool.shutdown()
+
+    run_on(new_loop, main(), timeout=60)
+
+
+@needs_proc_fds
 def test_a_loop_that_cannot_watch_fds_still_gets_results():
     class NoReaders(asyncio.SelectorEventLoop):
         def add_reader(self, *args):
             raise NotImplementedError
 
-    with asyncio.Runner(loop_factory=NoReaders) as runner:
-        pool = WorkerPool(1)
-        before = _open_fds()
-        assert runner.run(pool.run(lambda: "via call_soon_threadsafe")) == "via call_soon_threadsafe"
-        assert _open_fds() == before  # the fd it could not use was closed again
+    pool = WorkerPool(1)
+    before = _open_fds()
+    loop = NoReaders()
+    try:
+        assert (
+            run_on(lambda: loop, pool.run(lambda: "via call_soon_threadsafe"), timeout=5) == "via call_soon_threadsafe"
+        )
+    finally:
         pool.shutdown()
+    assert _open_fds() <= before  # the fd it could not use was closed again (and the loop's own)
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts fds through /proc")
+@needs_proc_fds
 def test_no_fd_is_left_open_by_pools_and_loops_that_ended():
     before = _open_fds()
     shared = WorkerPool(2)  # like the process-wide pool of sync tools, used from loop after loop
@@ -177,8 +256,7 @@ def test_no_fd_is_left_open_by_pools_and_loops_that_ended():
         pool.shutdown()  # on the loop, as the session manager does
 
     for _ in range(30):
-        with asyncio.Runner() as runner:
-            runner.run(both(WorkerPool(2)))
+        run_on(asyncio.new_event_loop, both(WorkerPool(2)))
     # each ended loop's fd is closed when the shared pool next meets a new loop; the last one
     # when the shared pool shuts down
     assert _open_fds() - before <= 2
@@ -186,6 +264,33 @@ def test_no_fd_is_left_open_by_pools_and_loops_that_ended():
     assert _open_fds() - before <= 0
 
 
+@needs_proc_fds
+def test_shutdown_from_another_thread_or_on_a_stopped_loop_closes_the_fd():
+    before = _open_fds()
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    thread = threading.Thread(target=lambda: (ready.set(), loop.run_forever()))
+    pool = WorkerPool(1)
+    thread.start()
+    ready.wait()
+    assert asyncio.run_coroutine_threadsafe(pool.run(lambda: 1), loop).result(5) == 1
+    pool.shutdown()  # from this thread while the loop runs on its own
+    time.sleep(0.1)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+    loop.close()
+    assert _open_fds() <= before
+
+    # run, stop, shut down, close: the loop never runs again to retire the fd itself
+    stopped = asyncio.new_event_loop()
+    other = WorkerPool(1)
+    assert stopped.run_until_complete(other.run(lambda: 2)) == 2
+    other.shutdown()
+    stopped.close()
+    assert _open_fds() <= before
+
+
+@needs_proc_fds
 async def test_a_call_still_running_at_shutdown_is_delivered_then_its_fd_closed():
     pool = WorkerPool(1)
     before = _open_fds()
@@ -197,3 +302,23 @@ async def test_a_call_still_running_at_shutdown_is_delivered_then_its_fd_closed(
     gate.set()
     assert await asyncio.wait_for(running, 5) is True
     assert _open_fds() == before
+
+
+@needs_proc_fds
+def test_a_stuck_call_returning_after_its_loop_closed_closes_the_fd():
+    gate = threading.Event()
+    pool = WorkerPool(1)
+    before = _open_fds()
+
+    async def give_up() -> None:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(pool.run(gate.wait, 5), 0.05)  # abandoned, still running
+        pool.shutdown()
+
+    run_on(asyncio.new_event_loop, give_up())
+    assert pool.stuck == 1
+    gate.set()  # the call returns with nobody left to drain its result
+    deadline = time.monotonic() + 5
+    while _open_fds() > before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _open_fds() <= before

@@ -7,9 +7,10 @@ a worker for good: a replacement thread is allowed while the stuck one is busy, 
 retires when its call finally returns.
 
 Two details keep a hand-off to a worker and back near the least number of thread switches (one
-sleep of the worker, one more of the loop): after an idle millisecond a hand-off took 4.0 switches
-instead of 7.6-7.9 and its median time to the result fell by a fifth (``bench/bench_handoff.py``
-measures it):
+sleep of the worker, one more of the loop; ``bench/bench_handoff.py`` measures switches and time
+per hand-off). Against the pool without them, run in the same process in alternating blocks, a
+hand-off after an idle millisecond took 4.0 switches instead of 7.6-7.9 and its median time to the
+result fell by a fifth:
 
 * Results wake the loop through an eventfd (a pipe off Linux) that the loop watches, written with
   ``os.write``, which lets go of the GIL for the write. uvloop's ``call_soon_threadsafe`` writes
@@ -19,7 +20,8 @@ measures it):
   thread that woke it. That thread is the event loop, which holds the GIL until it next waits,
   so a worker that preempted it could not run Python anyway and would only switch back. The
   policy changes wake-up preemption only, not a thread's share of the CPU; threads and processes
-  an environment starts from a step inherit it. ``WorkerPool(..., batch=False)`` turns it off.
+  an environment starts from a step inherit it. A thread that already runs under another policy
+  (set with ``chrt``, say) keeps it; ``WorkerPool(..., batch=False)`` turns the change off.
 """
 
 from __future__ import annotations
@@ -163,7 +165,13 @@ class _Delivery:
                         os.write(self._write_fd, _WAKE)
                     except BlockingIOError:  # the pipe is full: a wake-up is pending anyway
                         pass
-                    return
+                    wrote = True
+                else:
+                    wrote = False
+            if wrote:
+                if self.loop.is_closed():  # a late call (a stuck one returning): nobody drains now
+                    self.close()
+                return
         try:
             self.loop.call_soon_threadsafe(self.drain)
         except RuntimeError:  # the loop is closed: nobody is waiting any more
@@ -199,12 +207,13 @@ class _Delivery:
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
-        if running is not loop:
+        if running is not loop and loop.is_running():
             try:
                 loop.call_soon_threadsafe(self.retire)
             except RuntimeError:  # closed meanwhile
                 self.close()
             return
+        # On the loop, or the loop is stopped (nothing selects on the fd meanwhile).
         self.closing = True
         if self.pending <= 0:
             self.close()
@@ -234,6 +243,8 @@ def _batch_policy() -> None:
     if setscheduler is None or policy is None:
         return
     try:
+        if os.sched_getscheduler(0) != os.SCHED_OTHER:  # a policy someone chose (realtime, idle): keep it
+            return
         setscheduler(0, policy, os.sched_param(0))
     except OSError:  # not allowed here (a seccomp profile, say): the default policy serves too
         pass
