@@ -1,4 +1,4 @@
-"""URL helpers shared by clients and providers."""
+"""Helpers shared by clients and providers: URLs, running coroutines, timeouts."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from openenv.core.utils import convert_to_ws_url, hf_space_subdomain, parse_endpoint, run_async_safely
+from openenv.core.utils import convert_to_ws_url, hf_space_subdomain, parse_endpoint, run_async_safely, within
 
 
 @pytest.mark.parametrize(
@@ -59,3 +59,39 @@ def test_run_async_safely_from_sync_code_and_from_a_running_loop():
         return run_async_safely(answer())  # a loop is running in this thread
 
     assert asyncio.run(inside()) == 42
+
+
+def test_within_times_out_with_an_error_both_kinds_of_timeout_catch():
+    async def main() -> None:
+        assert await within(asyncio.sleep(0, "done"), 5) == "done"
+        assert await within(asyncio.sleep(0, "done"), None) == "done"
+        with pytest.raises(TimeoutError):
+            await within(asyncio.sleep(10), 0.01)
+        with pytest.raises(asyncio.TimeoutError):
+            await within(asyncio.sleep(10), 0.01)
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+
+
+def test_within_never_loses_a_cancellation_that_races_the_result():
+    # asyncio.wait_for on Python 3.11 returns the result when the awaited call finishes in the
+    # same loop iteration as the caller is cancelled, and the cancellation is gone: a Ctrl-C that
+    # lands just as a reply arrives goes unnoticed. within() must let it through.
+    async def race() -> str:
+        loop = asyncio.get_running_loop()
+        reply = loop.create_future()
+        caller = asyncio.ensure_future(within(reply, 30))
+        await asyncio.sleep(0)  # the caller now waits for the reply
+        reply.set_result("reply")
+        caller.cancel()
+        try:
+            await caller
+        except asyncio.CancelledError:
+            return "cancelled"
+        return "cancellation lost"
+
+    async def main() -> None:
+        for _ in range(20):
+            assert await race() == "cancelled"
+
+    asyncio.run(asyncio.wait_for(main(), 10))

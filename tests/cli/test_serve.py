@@ -8,9 +8,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import httpx
 import pytest
@@ -24,7 +25,10 @@ OPENENV = [sys.executable, "-m", "openenv.cli"]
 
 
 class Served:
-    """``openenv serve ...`` in a subprocess; ``url`` and ``snippet`` come from its stdout."""
+    """``openenv serve ...`` in a subprocess; ``url`` and ``snippet`` come from its stdout.
+
+    Both pipes are drained by threads for as long as the command runs, so its log can never fill
+    a pipe and stall it; :meth:`wait_for` waits for a line on stderr."""
 
     def __init__(self, *args: str, cwd: Optional[Path] = None) -> None:
         self.process = subprocess.Popen(
@@ -34,29 +38,71 @@ class Served:
             text=True,
             cwd=cwd,
         )
-        assert self.process.stdout is not None
-        self.url = self.process.stdout.readline().strip()
+        self._out: List[str] = []
+        self._err: List[str] = []
+        self._next = 0  # the next stdout line to hand out
+        self._grew = threading.Condition()
+        self._readers = [
+            threading.Thread(target=self._drain, args=(self.process.stdout, self._out), daemon=True),
+            threading.Thread(target=self._drain, args=(self.process.stderr, self._err), daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
+        self.url = self._stdout_line(60).strip()
         if not self.url.startswith("http://"):
             self.process.kill()
-            raise AssertionError(f"serve did not start: {self.url!r}\n{self.process.stderr.read()}")
+            raise AssertionError(f"serve did not start: {self.url!r}\n{self.stop()[2]}")
         lines: List[str] = []
-        self.process.stdout.readline()  # the blank line
+        self._stdout_line(10)  # the blank line
         while True:  # the snippet ends with a blank line after its `with` block
-            line = self.process.stdout.readline()
+            line = self._stdout_line(10)
             if not line or (not line.strip() and any(x.startswith("with ") for x in lines)):
                 break
             lines.append(line)
         self.snippet = "".join(lines)
 
+    def _drain(self, pipe: Any, into: List[str]) -> None:
+        for line in pipe:
+            with self._grew:
+                into.append(line)
+                self._grew.notify_all()
+        with self._grew:
+            into.append("")  # end of file
+            self._grew.notify_all()
+
+    def _stdout_line(self, timeout: float) -> str:
+        """The next line the command prints on stdout ("" at its end or after ``timeout``)."""
+        index = self._next
+        with self._grew:
+            self._grew.wait_for(lambda: len(self._out) > index, timeout)
+            if len(self._out) <= index:
+                return ""
+        self._next = index + 1
+        return self._out[index]
+
+    @property
+    def err(self) -> str:
+        """What the command printed on stderr so far."""
+        with self._grew:
+            return "".join(self._err)
+
+    def wait_for(self, text: str, timeout: float = 60) -> bool:
+        """Wait until ``text`` appears on stderr; False if it has not within ``timeout`` seconds."""
+        with self._grew:
+            return self._grew.wait_for(lambda: text in "".join(self._err), timeout)
+
     def stop(self, sig: int = signal.SIGINT) -> tuple:
         if self.process.poll() is None:
             self.process.send_signal(sig)
         try:
-            out, err = self.process.communicate(timeout=30)
+            self.process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.process.kill()
-            out, err = self.process.communicate()
-        return self.process.returncode, out, err
+            self.process.wait()
+        for reader in self._readers:
+            reader.join(10)
+        with self._grew:
+            return self.process.returncode, "".join(self._out), "".join(self._err)
 
     def __enter__(self) -> Served:
         return self
@@ -164,8 +210,10 @@ def test_reload_restarts_the_server_on_a_change(tmp_path):
                 break
             time.sleep(0.2)
         assert seen == "Reloaded and ready!"
+        # the new server answers before the old one is stopped; "Reloaded." follows that stop
+        assert served.wait_for("Reloaded.", 60), served.err
         source.write_text("this is not python (")  # a broken change keeps the last good server
-        time.sleep(2)
+        assert served.wait_for("does not start", 60), served.err
         with GenericEnvClient(base_url=served.url).sync() as env:
             assert env.reset().observation["echoed_message"] == "Reloaded and ready!"
         code, _, err = served.stop()

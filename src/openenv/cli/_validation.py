@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from openenv.core.manifest import MANIFEST, EnvManifest, ManifestError
+from openenv.core.utils import within
 
 Progress = Callable[[str], None]
 
@@ -587,7 +588,7 @@ class _Frames:
     async def __aexit__(self, *exc: Any) -> None:
         if self.ws is not None:
             try:
-                await asyncio.wait_for(self.ws.close(), 5.0)
+                await within(self.ws.close(), 5.0)
             except Exception:
                 pass
 
@@ -597,14 +598,14 @@ class _Frames:
         what = f"a {frame.get('type')} frame"
         try:
             await self.ws.send(json.dumps(frame))
-            raw = await asyncio.wait_for(self.ws.recv(), self.timeout_s)
+            raw = await within(self.ws.recv(), self.timeout_s)
         except asyncio.TimeoutError:
             raise _Broken(f"no answer to {what} within {self.timeout_s:g} s") from None
         except ConnectionClosed as exc:
             # A server may refuse a connection with one error frame and close it (a capacity
             # refusal, say): that frame is the answer, though our send found the socket closed.
             try:
-                raw = await asyncio.wait_for(self.ws.recv(), 1.0)
+                raw = await within(self.ws.recv(), 1.0)
             except (asyncio.TimeoutError, ConnectionClosed):
                 raise _Broken(f"the server closed the connection on {what} ({exc})") from None
         try:

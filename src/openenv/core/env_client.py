@@ -23,13 +23,12 @@ import asyncio
 import inspect
 import json
 import logging
-import sys
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, Callable, Dict, Generic, List, Optional, TypeVar
 
 from .client_errors import SessionLostError, error_from_frame
 from .client_types import StepResult
-from .utils import Endpoint, parse_endpoint
+from .utils import Endpoint, parse_endpoint, timeout_after, within
 
 if TYPE_CHECKING:  # pragma: no cover
     from .sync_client import LoopThread, SyncEnvClient
@@ -59,26 +58,6 @@ def _resolve_mode(mode: Optional[str]) -> str:
     if value not in _MODES:
         raise ValueError(f"mode must be 'simulation' or 'production', got {mode!r}")
     return value
-
-
-if sys.version_info >= (3, 11):
-    _timeout = asyncio.timeout
-else:  # pragma: no cover - Python 3.10
-    import contextlib
-
-    @contextlib.asynccontextmanager
-    async def _timeout(delay: Optional[float]):  # type: ignore[no-redef]
-        if delay is None:
-            yield
-            return
-        task = asyncio.current_task()
-        handle = asyncio.get_running_loop().call_later(delay, task.cancel)  # type: ignore[union-attr]
-        try:
-            yield
-        except asyncio.CancelledError:
-            raise TimeoutError from None
-        finally:
-            handle.cancel()
 
 
 class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
@@ -443,7 +422,7 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         async with lock:
             try:
                 await ws.send(text)
-                async with _timeout(self._message_timeout_s):
+                async with timeout_after(self._message_timeout_s):
                     raw = await ws.recv()
             except TimeoutError:
                 self._lose_session()
@@ -554,7 +533,7 @@ def _is_open(ws: Any) -> bool:
 async def _pending_error(ws: Any) -> Optional[Dict[str, Any]]:
     """An error frame the server sent just before closing (e.g. a capacity refusal), if any."""
     try:
-        raw = await asyncio.wait_for(ws.recv(), timeout=1.0)
+        raw = await within(ws.recv(), 1.0)
         message = json.loads(raw)
     except Exception:
         return None
@@ -565,6 +544,6 @@ async def _pending_error(ws: Any) -> Optional[Dict[str, Any]]:
 
 async def _close_quietly(ws: Any) -> None:
     try:
-        await asyncio.wait_for(ws.close(), timeout=5.0)
+        await within(ws.close(), 5.0)
     except Exception:
         pass

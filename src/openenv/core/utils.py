@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+import sys
 import threading
 from dataclasses import dataclass
-from typing import Awaitable, Optional, TypeVar
+from typing import AsyncIterator, Awaitable, Optional, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 T = TypeVar("T")
@@ -65,6 +67,46 @@ def convert_to_ws_url(url: str) -> str:
 def hf_space_subdomain(repo_id: str) -> str:
     """The subdomain of a Hugging Face Space: ``Org/My_Env`` -> ``org-my-env``."""
     return re.sub(r"[^a-z0-9]", "-", repo_id.lower())
+
+
+if sys.version_info >= (3, 11):
+    timeout_after = asyncio.timeout
+    """``async with timeout_after(s):`` raises TimeoutError when the block runs past ``s`` seconds
+    (None: no limit). Unlike ``asyncio.wait_for`` on Python 3.11, a cancellation that arrives just
+    as the awaited call finishes is never lost."""
+else:  # pragma: no cover - Python 3.10
+
+    class _Expired(TimeoutError, asyncio.TimeoutError):
+        """The block ran out of time (both TimeoutErrors: they differ before Python 3.11)."""
+
+    @contextlib.asynccontextmanager
+    async def timeout_after(delay: Optional[float]) -> AsyncIterator[None]:
+        if delay is None:
+            yield
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        expired = []
+
+        def expire() -> None:
+            expired.append(True)
+            task.cancel()
+
+        handle = asyncio.get_running_loop().call_later(delay, expire)
+        try:
+            yield
+        except asyncio.CancelledError:
+            if expired:  # our own cancel; any other cancellation goes on as it is
+                raise _Expired() from None
+            raise
+        finally:
+            handle.cancel()
+
+
+async def within(awaitable: Awaitable[T], delay: Optional[float]) -> T:
+    """``await awaitable``, raising TimeoutError after ``delay`` seconds (see :func:`timeout_after`)."""
+    async with timeout_after(delay):
+        return await awaitable
 
 
 def run_async_safely(coro: Awaitable[T]) -> T:

@@ -31,6 +31,7 @@ import uuid
 from enum import Enum
 from typing import Any, AsyncIterator, Awaitable, Callable, Deque, Dict, FrozenSet, Optional, Set
 
+from ..utils import within
 from .exceptions import (
     ConcurrencyConfigurationError,
     EnvironmentFactoryError,
@@ -433,7 +434,7 @@ class SessionManager:
             return
         try:
             job = self.pool.submit(close)
-            await asyncio.wait_for(asyncio.shield(job.future), CLOSE_TIMEOUT_S)
+            await within(asyncio.shield(job.future), CLOSE_TIMEOUT_S)
         except asyncio.TimeoutError:
             logger.warning("%s.close() did not return within %.0f s", type(env).__name__, CLOSE_TIMEOUT_S)
         except RuntimeError as exc:  # pool shut down: close inline as a last resort

@@ -15,6 +15,8 @@ import contextlib
 import logging
 from typing import Optional, Set, Tuple
 
+from ...utils import within
+
 logger = logging.getLogger(__name__)
 
 _CHUNK = 256 * 1024
@@ -64,7 +66,7 @@ class UnixForwarder:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._server is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 2.0)
+                await within(self._server.wait_closed(), 2.0)
             self._server = None
 
     async def _accept(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
