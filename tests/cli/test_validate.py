@@ -222,6 +222,7 @@ def test_an_interrupted_validation_stops_the_server_it_started(tmp_path, sig):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # SIGABRT prints where every thread is
     )
     try:
         assert process.stderr is not None
@@ -231,7 +232,15 @@ def test_an_interrupted_validation_stops_the_server_it_started(tmp_path, sig):
         time.sleep(0.5)
         assert len(_server_dirs(process.pid)) == 1
         process.send_signal(sig)
-        assert process.wait(30) == 130
+        try:
+            code = process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGABRT)
+            process.wait(10)
+            pytest.fail(
+                f"validate did not exit within 30 s of {sig.name}; its threads were at:\n{process.stderr.read()}"
+            )
+        assert code == 130, process.stderr.read()
     finally:
         if process.poll() is None:
             process.kill()
