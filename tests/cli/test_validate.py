@@ -201,6 +201,28 @@ SLOW_STEP = """\
 """
 
 
+def _popen_taking_ctrl_c(args: List[str], **options: Any) -> subprocess.Popen:
+    """Popen whose child takes SIGINT even when these tests run with it ignored.
+
+    A command started with ``&`` from a script (no job control) ignores SIGINT and passes that on
+    to what it starts; Python keeps an inherited SIG_IGN, as it should. A handler set here is reset
+    to the default in the child on exec, so the child's Python installs its own Ctrl-C handler."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen(args, **options)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _signal_masks(pid: int) -> str:
+    """The process's blocked, ignored and caught signal masks, as /proc shows them."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError as exc:
+        return str(exc)
+    return ", ".join(line.replace("\t", " ") for line in lines if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
+
+
 def _server_dirs(owner: int) -> List[Path]:
     found = []
     for directory in Path("/tmp").glob("openenv-server-*"):
@@ -217,7 +239,7 @@ def _server_dirs(owner: int) -> List[Path]:
 def test_an_interrupted_validation_stops_the_server_it_started(tmp_path, sig):
     app = (DICE / "server" / "app.py").read_text().replace("max_concurrent_envs=4", "max_concurrent_envs=1")
     package = dice_copy(tmp_path, {"server/dice_environment.py": SLOW_STEP, "server/app.py": app})
-    process = subprocess.Popen(
+    process = _popen_taking_ctrl_c(
         [str(OPENENV), "validate", str(package), "--timeout", "60"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -231,14 +253,22 @@ def test_an_interrupted_validation_stops_the_server_it_started(tmp_path, sig):
                 break
         time.sleep(0.5)
         assert len(_server_dirs(process.pid)) == 1
+        signals = _signal_masks(process.pid)
         process.send_signal(sig)
         try:
             code = process.wait(30)
         except subprocess.TimeoutExpired:
-            process.send_signal(signal.SIGABRT)
-            process.wait(10)
+            # Tell a lost signal from a lost cancellation: a second Ctrl-C interrupts asyncio.run at once.
+            process.send_signal(signal.SIGINT)
+            try:
+                second = f"a second SIGINT ended it with {process.wait(5)}"
+            except subprocess.TimeoutExpired:
+                second = "a second SIGINT did not end it either"
+                process.send_signal(signal.SIGABRT)
+                process.wait(10)
             pytest.fail(
-                f"validate did not exit within 30 s of {sig.name}; its threads were at:\n{process.stderr.read()}"
+                f"validate did not exit within 30 s of {sig.name} ({signals}); {second}; "
+                f"stderr:\n{process.stderr.read()}"
             )
         assert code == 130, process.stderr.read()
     finally:
