@@ -208,6 +208,28 @@ async def test_async_step_timeout_cancels_the_step():
             assert (await ask(ws, {"type": "reset"}))["type"] == "observation"
 
 
+class _SyncOwnTimeout(CounterEnv):
+    def step(self, action, timeout_s=None):
+        raise TimeoutError("the backend did not answer")
+
+
+class _AsyncOwnTimeout(AsyncCounterEnv):
+    async def step_async(self, action, timeout_s=None):
+        raise TimeoutError("the backend did not answer")
+
+
+@pytest.mark.parametrize("env_cls", [_SyncOwnTimeout, _AsyncOwnTimeout], ids=["sync", "async"])
+async def test_an_environments_own_timeout_error_is_not_the_step_timeout(env_cls):
+    with serve(counter_app(env_cls, step_timeout_s=5.0)) as server:
+        async with connect(ws_url(server)) as ws:
+            await ask(ws, {"type": "reset"})
+            reply = await ask(ws, {"type": "step", "data": {}})
+            assert reply["data"]["code"] == "EXECUTION_ERROR"
+            assert reply["data"]["exception"] == "TimeoutError"
+            assert "the backend did not answer" in reply["data"]["message"]
+            assert (await ask(ws, {"type": "reset"}))["type"] == "observation"
+
+
 async def test_step_timeout_from_environment_variable(monkeypatch):
     monkeypatch.setenv("OPENENV_STEP_TIMEOUT_S", "0.2")
     with serve(counter_app()) as server:

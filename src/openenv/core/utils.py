@@ -71,32 +71,40 @@ def hf_space_subdomain(repo_id: str) -> str:
 
 if sys.version_info >= (3, 11):
     timeout_after = asyncio.timeout
-    """``async with timeout_after(s):`` raises TimeoutError when the block runs past ``s`` seconds
-    (None: no limit). Unlike ``asyncio.wait_for`` on Python 3.11, a cancellation that arrives just
-    as the awaited call finishes is never lost."""
+    """``async with timeout_after(s) as scope:`` raises TimeoutError when the block runs past ``s``
+    seconds (None: no limit); ``scope.expired()`` tells that timeout from a TimeoutError raised
+    inside. Unlike ``asyncio.wait_for`` on Python 3.11, a cancellation that arrives just as the
+    awaited call finishes is never lost."""
 else:  # pragma: no cover - Python 3.10
 
     class _Expired(TimeoutError, asyncio.TimeoutError):
         """The block ran out of time (both TimeoutErrors: they differ before Python 3.11)."""
 
+    class _Scope:
+        def __init__(self) -> None:
+            self._expired = False
+
+        def expired(self) -> bool:
+            return self._expired
+
     @contextlib.asynccontextmanager
-    async def timeout_after(delay: Optional[float]) -> AsyncIterator[None]:
+    async def timeout_after(delay: Optional[float]) -> AsyncIterator[_Scope]:
+        scope = _Scope()
         if delay is None:
-            yield
+            yield scope
             return
         task = asyncio.current_task()
         assert task is not None
-        expired = []
 
         def expire() -> None:
-            expired.append(True)
+            scope._expired = True
             task.cancel()
 
         handle = asyncio.get_running_loop().call_later(delay, expire)
         try:
-            yield
+            yield scope
         except asyncio.CancelledError:
-            if expired:  # our own cancel; any other cancellation goes on as it is
+            if scope._expired:  # our own cancel; any other cancellation goes on as it is
                 raise _Expired() from None
             raise
         finally:

@@ -31,7 +31,7 @@ import uuid
 from enum import Enum
 from typing import Any, AsyncIterator, Awaitable, Callable, Deque, Dict, FrozenSet, Optional, Set
 
-from ..utils import within
+from ..utils import timeout_after, within
 from .exceptions import (
     ConcurrencyConfigurationError,
     EnvironmentFactoryError,
@@ -612,21 +612,11 @@ async def _read_state_async(env: Any) -> Any:
     return env.state
 
 
-if sys.version_info >= (3, 11):
-
-    async def _with_timeout(awaitable: Any, timeout: float, operation: str) -> Any:
-        try:
-            async with asyncio.timeout(timeout) as scope:
-                return await awaitable
-        except TimeoutError:
-            if scope.expired():
-                raise StepTimeoutError(operation, timeout) from None
-            raise
-
-else:  # pragma: no cover - Python 3.10
-
-    async def _with_timeout(awaitable: Any, timeout: float, operation: str) -> Any:
-        try:
-            return await asyncio.wait_for(awaitable, timeout)
-        except asyncio.TimeoutError:
+async def _with_timeout(awaitable: Any, timeout: float, operation: str) -> Any:
+    try:
+        async with timeout_after(timeout) as scope:
+            return await awaitable
+    except TimeoutError:
+        if scope.expired():
             raise StepTimeoutError(operation, timeout) from None
+        raise  # the environment's own TimeoutError

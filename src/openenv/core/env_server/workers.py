@@ -158,20 +158,17 @@ class _Delivery:
         if self.scheduled:  # a stale True only means the pending drain picks this one up too
             return
         self.scheduled = True
-        if self._write_fd >= 0:
-            with self._lock:
-                if self._write_fd >= 0:
-                    try:
-                        os.write(self._write_fd, _WAKE)
-                    except BlockingIOError:  # the pipe is full: a wake-up is pending anyway
-                        pass
-                    wrote = True
-                else:
-                    wrote = False
-            if wrote:
-                if self.loop.is_closed():  # a late call (a stuck one returning): nobody drains now
-                    self.close()
-                return
+        with self._lock:  # against close(): a closed fd's number may already be someone else's
+            write_fd = self._write_fd
+            if write_fd >= 0:
+                try:
+                    os.write(write_fd, _WAKE)
+                except BlockingIOError:  # the pipe is full: a wake-up is pending anyway
+                    pass
+        if write_fd >= 0:
+            if self.loop.is_closed():  # a late call (a stuck one returning): nobody drains now
+                self.close()
+            return
         try:
             self.loop.call_soon_threadsafe(self.drain)
         except RuntimeError:  # the loop is closed: nobody is waiting any more
@@ -238,14 +235,12 @@ class _Delivery:
 
 def _batch_policy() -> None:
     """Run the calling thread under SCHED_BATCH where the OS offers it (see the module's text)."""
-    setscheduler = getattr(os, "sched_setscheduler", None)
-    policy = getattr(os, "SCHED_BATCH", None)
-    if setscheduler is None or policy is None:
+    if not hasattr(os, "SCHED_BATCH"):
         return
     try:
         if os.sched_getscheduler(0) != os.SCHED_OTHER:  # a policy someone chose (realtime, idle): keep it
             return
-        setscheduler(0, policy, os.sched_param(0))
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     except OSError:  # not allowed here (a seccomp profile, say): the default policy serves too
         pass
 
