@@ -152,3 +152,40 @@ async def test_the_packages_server_entry_point_serves_with_openenvs_runner():
     finally:
         server.terminate()
         server.wait(10)
+
+
+async def test_the_packages_server_entry_point_serves_on_a_unix_socket(tmp_path):
+    """`--uds PATH` (openenv's shared `serve_main` command line) serves on that socket, and the
+    client reaches it through a `unix://` base_url."""
+    import time
+
+    sock = tmp_path / "echo.sock"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "echo_env.server.app", "--uds", str(sock), "--log-level", "warning"], cwd="/"
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not sock.exists():
+            assert server.poll() is None, "the server exited during start-up"
+            assert time.monotonic() < deadline, "the socket did not appear within 60 s"
+            time.sleep(0.05)
+        async with EchoEnv(base_url=f"unix://{sock}") as env:
+            await env.reset()
+            result = await env.step(CallToolAction(tool_name="echo_message", arguments={"message": "over a socket"}))
+            assert result.observation.result == "over a socket"
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["--port", "70000"], "--port must be between 0 and 65535, not 70000"), (["--port", "x"], "invalid int value")],
+)
+def test_the_packages_server_entry_point_rejects_a_bad_port(args, message):
+    out = subprocess.run(
+        [sys.executable, "-m", "echo_env.server.app", *args], cwd="/", capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2
+    assert message in out.stderr
+    assert "Serve the echo environment" not in out.stdout  # a usage error, not --help

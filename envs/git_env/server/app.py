@@ -29,15 +29,9 @@ app = create_app(
 
 def main() -> None:
     """``git-env-server``: serve on http://127.0.0.1:8000 (``--host``/``--port`` to change)."""
-    import argparse
+    from openenv.core.env_server.runner import serve_main
 
-    from openenv.core.env_server.runner import run_server
-
-    parser = argparse.ArgumentParser(description="Serve the git environment")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    args = parser.parse_args()
-    run_server(app, host=args.host, port=args.port)
+    serve_main(app, "Serve the git environment")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from openenv.core.env_server.http_server import create_app
-from openenv.core.env_server.runner import run_server
+from openenv.core.env_server.runner import serve_main
 
 try:
     from ..models import MazeAction, MazeObservation, MazeState
@@ -31,13 +31,7 @@ app = create_app(
 
 def main() -> None:
     """Serve the environment on http://127.0.0.1:8000 (``--host`` and ``--port`` change that)."""
-    import argparse
-
-    parser = argparse.ArgumentParser(description="Serve the Maze environment")
-    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (0.0.0.0: all)")
-    parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
-    args = parser.parse_args()
-    run_server(app, host=args.host, port=args.port)
+    serve_main(app, "Serve the Maze environment")
 
 
 if __name__ == "__main__":

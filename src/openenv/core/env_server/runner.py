@@ -14,7 +14,7 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 HARD_FRAME_LIMIT_MB = 256
 
@@ -67,6 +67,28 @@ def run_server(
     import uvicorn
 
     uvicorn.Server(uvicorn_config(app, host=host, port=port, uds=uds, log_level=log_level, **overrides)).run()
+
+
+def serve_main(app: Any, description: str, argv: Optional[Sequence[str]] = None) -> None:
+    """The command line of an environment's ``server/app.py`` ``main()``: ``--host``, ``--port``,
+    ``--uds`` and ``--log-level``, then :func:`run_server`. It serves on http://127.0.0.1:8000
+    unless told otherwise."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (0.0.0.0: all; default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    parser.add_argument("--uds", metavar="PATH", help="listen on this Unix socket instead of a TCP port")
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=("critical", "error", "warning", "info", "debug", "trace"),
+        help="uvicorn's log level (default info)",
+    )
+    args = parser.parse_args(argv)
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port must be between 0 and 65535, not {args.port}")
+    run_server(app, host=args.host, port=args.port, uds=args.uds, log_level=args.log_level)
 
 
 class BackgroundServer:
