@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import threading
 import time
 
 import pytest
 
-from openenv.core.env_server.workers import WorkerPool
+from openenv.core.env_server.workers import EnvironmentCallError, WorkerPool
 
 from .conftest import until
 
@@ -59,8 +60,46 @@ async def test_a_stuck_call_gets_a_replacement_worker_and_retires_later():
     assert pool.threads == 2
     release.set()
     await until(lambda: pool.stuck == 0)
-    await asyncio.wait_for(pool.run(lambda: None), 2)  # a finishing worker notices the surplus
+    await until(lambda: pool.threads == 1)  # the stuck worker retires once its call returns
+    pool.shutdown()
+
+
+async def test_after_a_stuck_call_a_one_thread_pool_runs_every_call_on_one_thread():
+    """REQUIRES_SINGLE_THREAD_EXECUTOR: once the stuck call returns, its thread retires and the
+    replacement is the only thread left (a surplus worker that stayed would take calls too)."""
+    pool = WorkerPool(1)
+    release = threading.Event()
+    stuck = asyncio.ensure_future(pool.run(release.wait))
     await until(lambda: pool.threads == 1)
+    await asyncio.sleep(0.05)
+    stuck.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stuck
+    replacement = await asyncio.wait_for(pool.run(lambda: threading.current_thread().name), 2)
+    release.set()
+    await until(lambda: pool.threads == 1 and pool.stuck == 0)
+    names = set()
+    for _ in range(40):
+        names.add(await asyncio.wait_for(pool.run(lambda: threading.current_thread().name), 2))
+        await asyncio.sleep(0.002)
+    assert names == {replacement}
+    pool.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("raise_it", "name"),
+    [(lambda: next(iter(())), "StopIteration"), (lambda: sys.exit(3), "SystemExit")],
+    ids=["StopIteration", "SystemExit"],
+)
+async def test_a_call_raising_what_a_future_cannot_carry_fails_with_a_clear_error(raise_it, name):
+    """A future refuses StopIteration, and SystemExit re-raised in a task stops the event loop:
+    both reach the caller as EnvironmentCallError (a RuntimeError) naming the original."""
+    pool = WorkerPool(1)
+    with pytest.raises(EnvironmentCallError, match=f"^{name} raised by the call") as caught:
+        await asyncio.wait_for(pool.run(raise_it), 5)
+    assert caught.value.name == name
+    assert type(caught.value.__cause__).__name__ == name
+    assert await asyncio.wait_for(pool.run(lambda: "still serving"), 5) == "still serving"
     pool.shutdown()
 
 

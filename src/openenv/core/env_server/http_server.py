@@ -148,7 +148,8 @@ class HTTPEnvServer:
         if max_message_size_mb is None:
             max_message_size_mb = float(os.environ.get("OPENENV_MAX_MESSAGE_MB", DEFAULT_MAX_MESSAGE_MB))
         self.max_message_chars = int(max_message_size_mb * 1024 * 1024)
-        self.mcp = MCPDispatcher(self.manager, action_cls, self.env_name, on_session_created=self.prepare_session)
+        self.manager.prepare = self.prepare_session
+        self.mcp = MCPDispatcher(self.manager, action_cls, self.env_name)
         self.connection_watch = ConnectionWatch()
         self._metadata: Optional[EnvironmentMetadata] = None
         self._schema: Optional[Dict[str, Any]] = None
@@ -198,7 +199,6 @@ class HTTPEnvServer:
             yield self.manager.get(str(session_id))
             return
         async with self.manager.temporary() as session:
-            self.prepare_session(session)
             yield session
 
     async def _guarded(self, operation: Callable[[], Any]) -> Any:
@@ -467,7 +467,6 @@ class HTTPEnvServer:
                 websocket, JsonRpcResponse.error_response(JsonRpcErrorCode.SERVER_ERROR, str(exc)), 1011
             )
             return
-        self.prepare_session(session)
         try:
             while True:
                 message = await websocket.receive()

@@ -64,20 +64,15 @@ class MCPDispatcher:
         action_cls: Type[Action],
         server_name: str,
         server_version: str = "1.0.0",
-        on_session_created: Optional[Callable[[Session], None]] = None,
     ) -> None:
         self.manager = manager
         self.action_cls = action_cls
         self.server_name = server_name
         self.server_version = server_version
-        self._on_session_created = on_session_created
 
     async def create_session(self) -> Session:
         """A detached session (``openenv/session/create`` and MCP ``initialize``)."""
-        session = await self.manager.create(SessionKind.DETACHED)
-        if self._on_session_created is not None:
-            self._on_session_created(session)
-        return session
+        return await self.manager.create(SessionKind.DETACHED)
 
     async def dispatch(
         self,
@@ -179,8 +174,6 @@ class MCPDispatcher:
         if session is not None:
             return await operation(session)
         async with self.manager.temporary() as temporary:
-            if self._on_session_created is not None:
-                self._on_session_created(temporary)
             return await operation(temporary)
 
     def _uses_mcp_actions(self) -> bool:

@@ -19,7 +19,7 @@ from fastmcp import FastMCP
 from fastmcp import exceptions as fastmcp_errors
 from fastmcp.tools import Tool as FastMCPTool
 
-from ..utils import run_async_safely
+from ..utils import run_async_safely, timeout_after
 from .interfaces import Environment, Transform
 from .mcp_direct import DirectTool, DirectTools, ToolBodyError, tool_result_payload
 from .mcp_types import (
@@ -220,12 +220,14 @@ class MCPEnvironment(Environment):
     ) -> Any:
         timeout = timeout_s or MCP_TOOL_CALL_TIMEOUT
         try:
-            async with _deadline(timeout):
+            async with timeout_after(timeout) as scope:
                 return await self._call_tool(name, arguments, as_payload)
-        except asyncio.TimeoutError:
-            message = f"Tool '{name}' timed out after {timeout:g} seconds"
-            raise ToolCallFailed(ToolError(error_type=ToolErrorType.TIMEOUT, message=message)) from None
         except Exception as exc:
+            # Only this deadline is a TIMEOUT: a TimeoutError the tool raised is its own failure, and a
+            # cancellation from outside (the server's step timeout, a client gone) is not caught here.
+            if isinstance(exc, (TimeoutError, asyncio.TimeoutError)) and scope.expired():
+                message = f"Tool '{name}' timed out after {timeout:g} seconds"
+                raise ToolCallFailed(ToolError(error_type=ToolErrorType.TIMEOUT, message=message)) from None
             raise _failure(exc, name) from exc
 
     async def _call_tool(self, name: str, arguments: Dict[str, Any], as_payload: bool) -> Any:
@@ -244,9 +246,26 @@ class MCPEnvironment(Environment):
         return tool_result_payload(result) if as_payload else result
 
     async def _run_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run a sync tool off the event loop: in the server's worker pool when served."""
+        """Run a sync tool off the event loop: in the server's worker pool when served.
+
+        A sync call given up on (its deadline passed, its client left) goes on running in its
+        worker; the next sync tool call on this environment waits until it has returned (within
+        its own deadline), so two never run on one instance."""
         pool = getattr(self, "_worker_pool", None) or _default_pool()
-        return await pool.run(fn, *args)
+        previous = getattr(self, "_abandoned_tool_call", None)
+        if previous is not None:
+            # (A call from another loop, as a sync step's own loop is, cannot be waited for here.)
+            if not previous.done and previous.future.get_loop() is asyncio.get_running_loop():
+                await previous.when_done()
+            self._abandoned_tool_call = None
+        job = pool.submit(fn, *args)
+        try:
+            return await job.future
+        except asyncio.CancelledError:
+            pool.abandon(job)
+            if not job.done:
+                self._abandoned_tool_call = job
+            raise
 
     async def _handle_list_tools_async(self) -> ListToolsObservation:
         try:
@@ -309,19 +328,3 @@ class MCPEnvironment(Environment):
 def get_server_tools(server: FastMCP) -> List[FastMCPTool]:
     """The tools of a FastMCP server, from sync code."""
     return list(run_async_safely(server.list_tools()))
-
-
-if hasattr(asyncio, "timeout"):
-    _deadline = asyncio.timeout
-else:  # pragma: no cover - Python 3.10
-
-    @contextlib.asynccontextmanager
-    async def _deadline(timeout: float) -> AsyncIterator[None]:
-        task = asyncio.current_task()
-        handle = asyncio.get_running_loop().call_later(timeout, task.cancel)  # type: ignore[union-attr]
-        try:
-            yield
-        except asyncio.CancelledError:
-            raise asyncio.TimeoutError from None
-        finally:
-            handle.cancel()

@@ -114,7 +114,8 @@ def deserialize_action(data: Dict[str, Any], action_cls: Type[Action]) -> Action
     ``Action`` or one of those two. Raises ``pydantic.ValidationError``.
     """
     if action_cls in _MCP_INTERCEPTING:
-        mcp_cls = _MCP_ACTION_CLASSES.get(data.get("type"))  # type: ignore[arg-type]
+        kind = data.get("type")
+        mcp_cls = _MCP_ACTION_CLASSES.get(kind) if isinstance(kind, str) else None
         if mcp_cls is not None:
             return mcp_cls.model_validate(data)
     return action_cls.model_validate(data)

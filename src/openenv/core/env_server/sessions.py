@@ -9,7 +9,9 @@ through one :class:`SessionManager`. It owns:
   per session (an ``asyncio.Lock``, not a thread per session);
 * **time limits** — with ``step_timeout_s`` set, a reset/step/state/tool call that runs longer is
   abandoned: the caller gets :class:`StepTimeoutError`, the session's environment instance is
-  discarded (closed once its call returns) and the next call builds a fresh one;
+  discarded (closed once its call returns) and the next call builds a fresh one. A sync call whose
+  caller went away (a dropped client) keeps the environment busy until it returns: the session's
+  next call waits for it (under the step timeout), so two calls never run on one instance;
 * **lifetime** — a session created by a socket lives as long as that socket; a session created over
   HTTP (``openenv/session/create``) lives until it is closed or has been idle, with no socket
   attached, for ``session_timeout_s`` (default :data:`DEFAULT_DETACHED_SESSION_TIMEOUT_S`). The
@@ -41,7 +43,7 @@ from .exceptions import (
     StepTimeoutError,
 )
 from .types import ServerCapacityStatus, SessionInfo
-from .workers import Job, WorkerPool
+from .workers import EnvironmentCallError, Job, WorkerPool
 
 logger = logging.getLogger("openenv.server")
 
@@ -279,6 +281,8 @@ class SessionManager:
         self._background: Set[asyncio.Task] = set()
         self._reaper: Optional[asyncio.Task] = None
         self._closed = False
+        self.prepare: Optional[Callable[[Session], None]] = None
+        """Called with each session once its environment is in place (also after a rebuild)."""
 
     # --- capacity and lookup --------------------------------------------------------------
 
@@ -371,9 +375,21 @@ class SessionManager:
             raise SessionCreationError("session was closed while it was being created")
         session.env = env
         session.traits = env_traits(type(env))
+        try:
+            self._prepare(session)
+        except BaseException:
+            del self._sessions[session.id]
+            session.transition(SessionState.CLOSING)
+            session.transition(SessionState.CLOSED)
+            self._close_soon(env, None)
+            raise
         session.transition(SessionState.READY)
         self._ensure_reaper()
         return session
+
+    def _prepare(self, session: Session) -> None:
+        if self.prepare is not None:
+            self.prepare(session)
 
     def attach(self, session_id: str) -> Session:
         """Attach a socket to a detached session (one socket at a time)."""
@@ -403,12 +419,17 @@ class SessionManager:
         return {"session_id": session_id, "closed": True}
 
     async def destroy(self, session: Session) -> None:
-        """Free the slot at once; close the environment when no call is running on it."""
+        """Free the slot at once; close the environment when no call is running on it.
+
+        The closing goes on if the caller is cancelled meanwhile (it waits for the session's lock)."""
         if session.state in (SessionState.CLOSING, SessionState.CLOSED):
             return
         session.transition(SessionState.CLOSING)
         if self._sessions.get(session.id) is session:
             del self._sessions[session.id]
+        await asyncio.shield(self._spawn(self._close_session(session)))
+
+    async def _close_session(self, session: Session) -> None:
         waiter = session.lock.acquire()
         if waiter is not None:
             await session.lock.wait(waiter)
@@ -432,11 +453,14 @@ class SessionManager:
         close = getattr(env, "close", None)
         if close is None:
             return
+        job: Optional[Job] = None
         try:
             job = self.pool.submit(close)
             await within(asyncio.shield(job.future), CLOSE_TIMEOUT_S)
         except asyncio.TimeoutError:
             logger.warning("%s.close() did not return within %.0f s", type(env).__name__, CLOSE_TIMEOUT_S)
+            if job is not None:
+                self.pool.abandon(job)  # its worker is stuck: let another take its place
         except RuntimeError as exc:  # pool shut down: close inline as a last resort
             if "shut down" in str(exc):
                 with contextlib.suppress(Exception):
@@ -446,10 +470,11 @@ class SessionManager:
         except Exception:
             logger.exception("%s.close() failed", type(env).__name__)
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
     @contextlib.asynccontextmanager
     async def temporary(self) -> AsyncIterator[Session]:
@@ -461,6 +486,7 @@ class SessionManager:
             session.traits = env_traits(type(env))
             session.transition(SessionState.READY)
             try:
+                self._prepare(session)
                 yield session
             finally:
                 session.transition(SessionState.CLOSING)
@@ -484,13 +510,19 @@ class SessionManager:
         waiter = lock.acquire()
         if waiter is not None:
             await lock.wait(waiter)
+        ok = False
         try:
             if session.state is not SessionState.READY:
                 raise SessionClosedError(session.id, f"Session {session.id} is closed")
+            timeout = self.step_timeout_s
+            previous = session.inflight
+            if previous is not None and not previous.done:
+                # A call whose caller went away still runs on this environment: wait for it.
+                await self._returned(session, previous, operation)
             env = session.env
             if env is None:  # discarded after a timeout
                 env = session.env = await self._build_env()
-            timeout = self.step_timeout_s
+                self._prepare(session)
             if async_fn is not None:
                 try:
                     if timeout is None:
@@ -500,6 +532,8 @@ class SessionManager:
                 except StepTimeoutError:
                     self._discard_env(session)
                     raise
+                except SystemExit as exc:  # re-raised in a task, it would stop the event loop
+                    raise EnvironmentCallError(exc) from exc
             else:
                 job = self.pool.submit(sync_fn, env)  # type: ignore[arg-type]
                 session.inflight = job
@@ -513,13 +547,27 @@ class SessionManager:
                     self._discard_env(session)
                     raise
                 except asyncio.CancelledError:
-                    self.pool.abandon(job)
+                    self.pool.abandon(job)  # session.inflight stays: the next call waits for it
                     raise
                 session.inflight = None
+            ok = True
         finally:
             lock.release()
-        session.touch(step)
+            session.touch(step and ok)  # a failing call is activity too: the reaper must wait
         return result
+
+    async def _returned(self, session: Session, job: Job, operation: str) -> None:
+        """Wait (under the step timeout) until ``job``, abandoned by its caller, has returned."""
+        returned = job.when_done()
+        try:
+            if self.step_timeout_s is None:
+                await returned
+            else:
+                await _with_timeout(returned, self.step_timeout_s, operation)
+        except StepTimeoutError:
+            self._discard_env(session)  # closed once that call returns; the next call builds anew
+            raise
+        session.inflight = None
 
     def _discard_env(self, session: Session) -> None:
         env, session.env = session.env, None

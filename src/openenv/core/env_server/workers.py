@@ -89,22 +89,53 @@ class Job:
         else:
             self._callbacks.append(callback)
 
+    def when_done(self) -> asyncio.Future:
+        """A future, on the submitting loop, resolved once the call has returned (or was skipped);
+        cancelling it leaves the call alone."""
+        returned = self.future.get_loop().create_future()
+
+        def resolve() -> None:
+            if not returned.done():
+                returned.set_result(None)
+
+        self.add_done_callback(resolve)
+        return returned
+
     def _finish(self, ok: bool, value: Any) -> None:
         self.done = True
         self.outcome = (ok, value)
-        pool = self.pool
-        pool._inflight -= 1
-        if self.counted_stuck:
-            pool._stuck -= 1
+        self.pool._inflight -= 1
         fut = self.future
         if not fut.done():
             if ok:
                 fut.set_result(value)
             else:
-                fut.set_exception(value)
+                try:
+                    fut.set_exception(value)
+                except TypeError:  # an exception a future refuses (see _deliverable)
+                    fut.set_exception(EnvironmentCallError(value))
         callbacks, self._callbacks = self._callbacks, None
         for callback in callbacks or ():
             callback()
+
+
+class EnvironmentCallError(RuntimeError):
+    """A call in the pool raised what an awaiting coroutine cannot be handed as it is:
+    ``StopIteration`` (a future refuses it) or a ``BaseException`` that is not an ``Exception``
+    (``SystemExit`` from a library calling ``sys.exit()``, say, which would stop the event loop).
+    ``name`` is the original exception's type name; it is also ``__cause__``."""
+
+    def __init__(self, original: BaseException) -> None:
+        self.name = type(original).__name__
+        detail = str(original)
+        super().__init__(f"{self.name} raised by the call" + (f": {detail}" if detail else ""))
+        self.__cause__ = original
+
+
+def _deliverable(exc: BaseException) -> BaseException:
+    if isinstance(exc, StopIteration) or not isinstance(exc, Exception):
+        return EnvironmentCallError(exc)
+    return exc
 
 
 _WAKE = (1).to_bytes(8, sys.byteorder)  # an eventfd takes an 8-byte count; a pipe takes any bytes
@@ -326,12 +357,14 @@ class WorkerPool:
         Call it on the loop's thread."""
         if job.abandoned or job.done:
             return
-        job.abandoned = True
-        if job.started:
-            job.counted_stuck = True
-            self._stuck += 1
-            if self._inflight > self._threads:
-                self._spawn()
+        job.abandoned = True  # written before `started` and `returned` are read: see _work
+        with self._lock:
+            stuck = job.started and job.returned is None
+            if stuck:
+                job.counted_stuck = True
+                self._stuck += 1
+        if stuck and self._inflight > self._threads:
+            self._spawn()
 
     def _work(self) -> None:
         if self.batch:
@@ -341,22 +374,34 @@ class WorkerPool:
             job = get()
             if job is None:
                 break
-            if job.future.cancelled():
+            # This thread writes `started`, then `returned`, each before it reads `abandoned`;
+            # abandon() writes `abandoned` before it reads them. So a call given up on before it
+            # starts is skipped or counted stuck (or both), and one given up on while it runs is
+            # counted stuck only if it has not returned, in which case this thread sees it below.
+            job.started = True
+            if job.abandoned or job.future.cancelled():
                 outcome: tuple = (False, asyncio.CancelledError())
             else:
-                job.started = True
                 try:
                     outcome = (True, job.fn(*job.args))
                 except BaseException as exc:  # delivered to the awaiting coroutine
-                    outcome = (False, exc)
+                    outcome = (False, _deliverable(exc))
             job.returned = outcome
+            retire = False
+            if job.abandoned:
+                with self._lock:
+                    if job.counted_stuck:
+                        self._stuck -= 1
+                    # A replacement may have taken this thread's place while it was stuck: if so,
+                    # retire. A pool of one thread thereby stays one thread (which
+                    # REQUIRES_SINGLE_THREAD_EXECUTOR relies on).
+                    retire = self._threads > self.max_workers + self._stuck
+                    if retire:
+                        self._threads -= 1
             job.delivery.push(job)
             del job, outcome
-            if self._threads > self.max_workers + self._stuck:  # a replacement is no longer needed
-                with self._lock:
-                    if self._threads > self.max_workers + self._stuck:
-                        self._threads -= 1
-                        return
+            if retire:
+                return
         with self._lock:
             self._threads -= 1
 

@@ -30,6 +30,7 @@ from .mcp_types import JsonRpcErrorCode, JsonRpcRequest, JsonRpcResponse, WSMCPM
 from .serialization import deserialize_action, dumps_json, observation_payload_json, parse_json, to_json_bytes
 from .sessions import Session, SessionClosedError, SessionKind
 from .types import ResetRequest, WSErrorCode, WSResetMessage, WSStateMessage, WSStepMessage
+from .workers import EnvironmentCallError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .http_server import HTTPEnvServer
@@ -223,9 +224,7 @@ class WSConnection:
         try:
             if session_id:
                 return self.manager.attach(session_id)
-            session = await self.manager.create(SessionKind.SOCKET)
-            self.server.prepare_session(session)
-            return session
+            return await self.manager.create(SessionKind.SOCKET)
         except SessionCapacityError as exc:
             frame = error_frame(
                 WSErrorCode.CAPACITY_REACHED,
@@ -236,6 +235,9 @@ class WSConnection:
             close_code = 1013  # try again later
         except EnvironmentFactoryError as exc:
             frame = error_frame(WSErrorCode.FACTORY_ERROR, exc.message, factory_name=exc.factory_name)
+            close_code = 1011
+        except StepTimeoutError as exc:  # the factory ran past the step timeout
+            frame = error_frame(WSErrorCode.TIMEOUT, exc.message, timeout_s=exc.timeout_s)
             close_code = 1011
         except (SessionNotFoundError, SessionCreationError) as exc:
             frame = error_frame(WSErrorCode.SESSION_ERROR, exc.message)
@@ -339,9 +341,8 @@ class WSConnection:
             return error_frame(WSErrorCode.FACTORY_ERROR, exc.message, factory_name=exc.factory_name)
         except Exception as exc:
             logger.exception("environment call failed")
-            return error_frame(
-                WSErrorCode.EXECUTION_ERROR, str(exc) or type(exc).__name__, exception=type(exc).__name__
-            )
+            name = exc.name if isinstance(exc, EnvironmentCallError) else type(exc).__name__
+            return error_frame(WSErrorCode.EXECUTION_ERROR, str(exc) or name, exception=name)
         shown = kind if isinstance(kind, str) else ("" if kind is None else json.dumps(kind))
         return error_frame(WSErrorCode.UNKNOWN_TYPE, f"Unknown message type: {shown}")
 

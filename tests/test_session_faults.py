@@ -1,0 +1,306 @@
+"""Faults around sessions, on live servers: environments that raise what a future cannot carry,
+calls whose callers went away while the environment keeps running, hung closes, timeouts while a
+session is built, and the reaper's view of failing calls."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import threading
+import time
+from typing import Any, Optional
+
+import httpx
+import pytest
+from fastmcp import FastMCP
+from websockets.asyncio.client import connect
+
+from openenv.core.env_server import sessions as sessions_module
+from openenv.core.env_server.http_server import create_app
+from openenv.core.env_server.mcp_environment import MCPEnvironment
+from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
+from openenv.core.env_server.sessions import SessionKind, SessionManager, SessionState
+from openenv.core.env_server.types import ConcurrencyConfig
+
+from .conftest import counter_app, serve, until
+from .envs import TRACKER, CounterAction, CounterEnv, CounterObservation, CounterState
+
+
+def ws_url(server: Any, query: str = "") -> str:
+    return server.base_url.replace("http://", "ws://") + "/ws" + (f"?{query}" if query else "")
+
+
+async def ask(ws: Any, message: Any) -> dict:
+    await ws.send(json.dumps(message))
+    return json.loads(await asyncio.wait_for(ws.recv(), 20))
+
+
+def manager_of(server: Any) -> SessionManager:
+    return server.server.config.app.state.openenv_server.manager
+
+
+class FaultAction(CounterAction):
+    fault: str = ""
+
+
+class FaultEnv(CounterEnv):
+    """A counter whose step can raise StopIteration or SystemExit, and that records how many
+    steps run on one instance at once."""
+
+    running = 0
+    most_at_once = 0
+    guard = threading.Lock()
+
+    def step(self, action: FaultAction, timeout_s: Optional[float] = None, **kwargs: Any) -> CounterObservation:
+        cls = type(self)
+        with cls.guard:
+            cls.running += 1
+            cls.most_at_once = max(cls.most_at_once, cls.running)
+        try:
+            if action.fault == "stop_iteration":
+                next(iter(()))  # an exhausted iterator, as a dataset at its end
+            if action.fault == "system_exit":
+                sys.exit(3)  # a library calling sys.exit()
+            return super().step(CounterAction(delta=action.delta, sleep_s=action.sleep_s))
+        finally:
+            with cls.guard:
+                cls.running -= 1
+
+
+class AsyncFaultEnv(FaultEnv):
+    async def step_async(self, action: FaultAction, timeout_s: Optional[float] = None) -> CounterObservation:
+        if action.fault == "system_exit":
+            sys.exit(3)
+        return self.step(action)
+
+
+def fault_app(env: Any = FaultEnv, **kwargs: Any) -> Any:
+    kwargs.setdefault("max_concurrent_envs", 4)
+    return create_app(env, FaultAction, CounterObservation, env_name="faults", state_cls=CounterState, **kwargs)
+
+
+@pytest.mark.parametrize("env", [FaultEnv, AsyncFaultEnv], ids=["sync", "async"])
+@pytest.mark.parametrize("fault", ["stop_iteration", "system_exit"])
+async def test_a_step_raising_stop_iteration_or_system_exit_gets_an_error_frame(env, fault):
+    """A future refuses StopIteration (the step used to hang, holding the session), and SystemExit
+    re-raised in a task stops the event loop: both are answered EXECUTION_ERROR naming the
+    exception, and the connection and the server keep working."""
+    if env is AsyncFaultEnv and fault == "stop_iteration":
+        pytest.skip("in a coroutine, Python itself turns StopIteration into RuntimeError")
+    with serve(fault_app(env)) as server:
+        async with connect(ws_url(server)) as ws:
+            await ask(ws, {"type": "reset"})
+            reply = await ask(ws, {"type": "step", "data": {"fault": fault}})
+            assert reply["type"] == "error"
+            assert reply["data"]["code"] == "EXECUTION_ERROR"
+            expected = "StopIteration" if fault == "stop_iteration" else "SystemExit"
+            assert reply["data"]["exception"] == expected
+            assert expected in reply["data"]["message"]
+            reply = await ask(ws, {"type": "step", "data": {"delta": 2}})
+            assert reply["data"]["observation"]["value"] == 2
+        assert httpx.get(server.base_url + "/health", timeout=5).status_code == 200
+        response = httpx.post(server.base_url + "/step", json={"action": {"fault": fault}}, timeout=20)
+        assert response.status_code == 500 and expected in response.json()["detail"]
+
+
+async def test_a_client_leaving_a_detached_session_mid_step_never_leaves_two_steps_on_its_env():
+    """The dropped client's step keeps running in its worker; the next client on that detached
+    session waits for it instead of stepping the same instance at the same time."""
+    FaultEnv.most_at_once = 0
+    with serve(fault_app()) as server:
+        with httpx.Client(base_url=server.base_url, timeout=10) as http:
+            created = http.post("/mcp", json={"jsonrpc": "2.0", "method": "openenv/session/create", "id": 1})
+        session_id = created.json()["result"]["session_id"]
+        ws = await connect(ws_url(server, f"session_id={session_id}"))
+        await ask(ws, {"type": "reset"})
+        await ws.send(json.dumps({"type": "step", "data": {"sleep_s": 1.0}}))
+        await asyncio.sleep(0.4)  # past the point where the server watches the socket
+        await ws.close()
+        session = manager_of(server).sessions()[session_id]
+        await until(lambda: not session.lock.locked())
+        assert session.inflight is not None and not session.inflight.done  # the step still runs
+        async with connect(ws_url(server, f"session_id={session_id}")) as again:
+            began = time.monotonic()
+            reply = await ask(again, {"type": "step", "data": {"delta": 1}})
+            waited = time.monotonic() - began
+        assert reply["data"]["observation"]["value"] == 2  # after the abandoned step's own +1
+        assert FaultEnv.most_at_once == 1
+        assert waited > 0.2
+
+
+async def test_a_close_that_never_returns_does_not_take_the_pools_only_worker(monkeypatch):
+    monkeypatch.setattr(sessions_module, "CLOSE_TIMEOUT_S", 0.3)
+    release = threading.Event()
+
+    class HangingClose(CounterEnv):
+        def close(self) -> None:
+            release.wait(30)
+            super().close()
+
+    app = counter_app(HangingClose, max_concurrent_envs=1)
+    try:
+        with serve(app) as server:
+            manager = manager_of(server)
+            async with connect(ws_url(server)) as ws:
+                await ask(ws, {"type": "reset"})
+            await asyncio.sleep(0.6)  # the close has run past its timeout
+            assert manager.pool.stuck == 1
+            async with connect(ws_url(server)) as ws:  # served by a replacement worker
+                assert (await ask(ws, {"type": "reset"}))["type"] == "observation"
+                assert (await ask(ws, {"type": "step", "data": {}}))["data"]["observation"]["value"] == 1
+            release.set()
+            await until(lambda: manager.pool.stuck == 0)
+    finally:
+        release.set()
+
+
+class ModeToolsEnv(MCPEnvironment):
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self) -> None:
+        mcp = FastMCP("modes")
+
+        @mcp.tool
+        def nap(seconds: float) -> str:
+            time.sleep(seconds)
+            return "rested"
+
+        super().__init__(mcp)
+
+        @self.tool(mode="simulation")
+        def peek() -> str:
+            return "simulation only"
+
+    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> CounterObservation:
+        return CounterObservation(value=0)
+
+    def _step_impl(self, action: Any, timeout_s: Optional[float] = None, **kwargs: Any) -> CounterObservation:
+        return CounterObservation(value=0)
+
+    @property
+    def state(self) -> CounterState:
+        return CounterState(episode_id="e", step_count=0)
+
+
+async def test_an_environment_rebuilt_after_a_step_timeout_is_prepared_like_the_first():
+    """Mode-specific tools (and the server's worker pool) are given to the fresh instance too."""
+    app = create_app(ModeToolsEnv, CallToolAction, CallToolObservation, env_name="modes", step_timeout_s=0.3)
+    with serve(app) as server:
+        async with connect(ws_url(server)) as ws:
+            await ask(ws, {"type": "reset"})
+            peek = {"type": "call_tool", "tool_name": "peek", "arguments": {}}
+            assert (await ask(ws, {"type": "step", "data": peek}))["data"]["observation"]["result"]["data"] == (
+                "simulation only"
+            )
+            nap = {"type": "call_tool", "tool_name": "nap", "arguments": {"seconds": 0.8}}
+            assert (await ask(ws, {"type": "step", "data": nap}))["data"]["code"] == "TIMEOUT"
+            reply = await ask(ws, {"type": "step", "data": peek})
+            assert reply["data"]["observation"]["result"]["data"] == "simulation only", reply
+            session = next(iter(manager_of(server).sessions().values()))
+            assert session.env._worker_pool is manager_of(server).pool
+
+
+async def test_an_abandoned_sync_tool_call_keeps_its_environment_busy():
+    """A sync tool past its own deadline goes on in its worker; the next tool call on that
+    environment waits for it rather than running beside it."""
+    env = ModeToolsEnv()
+    started = time.monotonic()
+    first = await env.step_async(CallToolAction(tool_name="nap", arguments={"seconds": 0.6}), timeout_s=0.2)
+    assert first.error is not None and first.error.error_type.value == "timeout"
+    second = await env.step_async(CallToolAction(tool_name="nap", arguments={"seconds": 0.0}), timeout_s=5)
+    assert second.error is None
+    assert time.monotonic() - started >= 0.55  # it waited for the first nap to end
+
+
+async def test_a_tools_own_timeout_error_is_an_execution_error_not_the_deadline():
+    mcp = FastMCP("t")
+
+    @mcp.tool
+    def flaky() -> str:
+        raise TimeoutError("the upstream API timed out")
+
+    class Env(ModeToolsEnv):
+        def __init__(self) -> None:
+            MCPEnvironment.__init__(self, mcp)
+
+    observation = await Env().step_async(CallToolAction(tool_name="flaky", arguments={}), timeout_s=5)
+    assert observation.error is not None
+    assert observation.error.error_type.value == "execution_error"
+    assert "upstream API timed out" in observation.error.message
+
+
+async def test_a_session_whose_calls_fail_is_not_reaped_as_idle():
+    config = ConcurrencyConfig(max_concurrent_envs=2, session_timeout=0.5)
+    with serve(fault_app(max_concurrent_envs=None, concurrency_config=config)) as server:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=10) as http:
+            created = await http.post("/mcp", json={"jsonrpc": "2.0", "method": "openenv/session/create", "id": 1})
+            session_id = created.json()["result"]["session_id"]
+            for _ in range(8):  # 1.2 s of failing steps, each 0.15 s apart
+                response = await http.post(
+                    "/step", json={"action": {"fault": "stop_iteration"}, "session_id": session_id}
+                )
+                assert response.status_code == 500, response.text
+                await asyncio.sleep(0.15)
+            assert session_id in manager_of(server).sessions()
+
+
+async def test_a_destroy_cancelled_while_it_waits_still_closes_the_environment():
+    manager = SessionManager(CounterEnv, max_sessions=2)
+    session = await manager.create(SessionKind.DETACHED)
+    closed_before = TRACKER.closed
+    busy = asyncio.ensure_future(manager.step(session, CounterAction(sleep_s=0.3)))
+    await asyncio.sleep(0.05)
+    destroying = asyncio.ensure_future(manager.destroy(session))
+    await asyncio.sleep(0.05)
+    destroying.cancel()  # e.g. a shutdown cancelling the socket task that was closing its session
+    with pytest.raises(asyncio.CancelledError):
+        await destroying
+    await busy
+    await until(lambda: TRACKER.closed == closed_before + 1)
+    assert session.state is SessionState.CLOSED
+    await manager.shutdown()
+
+
+async def test_a_single_thread_environment_stays_on_one_thread_after_a_step_timeout():
+    from .envs import SingleThreadEnv
+
+    with serve(counter_app(SingleThreadEnv, max_concurrent_envs=1, step_timeout_s=0.3)) as server:
+        async with connect(ws_url(server)) as ws:
+            await ask(ws, {"type": "reset"})
+            assert (await ask(ws, {"type": "step", "data": {"sleep_s": 0.6}}))["data"]["code"] == "TIMEOUT"
+            TRACKER.threads = set()
+            await ask(ws, {"type": "step", "data": {}})  # a fresh instance, on a replacement thread
+            await asyncio.sleep(0.5)  # the stuck step returns: its thread must retire, not serve
+            for _ in range(30):
+                await ask(ws, {"type": "step", "data": {}})
+                await asyncio.sleep(0.005)
+            assert len(TRACKER.threads) == 1, TRACKER.threads
+
+
+@pytest.mark.parametrize("action_cls", [CallToolAction, None], ids=["mcp-actions", "typed-actions"])
+async def test_an_action_whose_type_is_not_a_string_is_a_validation_error(action_cls):
+    if action_cls is None:
+        app = fault_app()
+    else:
+        app = create_app(ModeToolsEnv, CallToolAction, CallToolObservation, env_name="modes")
+    with serve(app) as server:
+        async with connect(ws_url(server)) as ws:
+            reply = await ask(ws, {"type": "step", "data": {"type": [1]}})
+            assert reply["data"]["code"] == "VALIDATION_ERROR", reply
+        response = httpx.post(server.base_url + "/step", json={"action": {"type": [1]}}, timeout=10)
+        assert response.status_code == 422
+
+
+async def test_a_factory_past_the_step_timeout_is_answered_timeout_when_a_socket_connects():
+    class SlowFactory(CounterEnv):
+        def __init__(self) -> None:
+            time.sleep(0.6)
+            super().__init__()
+
+    with serve(counter_app(SlowFactory, max_concurrent_envs=2, step_timeout_s=0.2)) as server:
+        async with connect(ws_url(server)) as ws:
+            reply = json.loads(await asyncio.wait_for(ws.recv(), 10))
+            assert reply["data"]["code"] == "TIMEOUT", reply
+            assert reply["data"]["timeout_s"] == 0.2
+        await until(lambda: manager_of(server).active_sessions == 0)
