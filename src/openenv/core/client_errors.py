@@ -25,6 +25,9 @@ class ServerError(EnvClientError):
         self.details = details or {}
         super().__init__(f"Server error: {message} (code: {self.code})")
 
+    def __reduce__(self) -> Any:  # pickles (e.g. across a process pool) with its fields
+        return (type(self), (self.message, self.code, self.details))
+
 
 class InvalidMessageError(ServerError):
     """The server could not read the frame (INVALID_JSON, UNKNOWN_TYPE, UNSUPPORTED_FRAME)."""
@@ -110,3 +113,6 @@ class ToolCallError(EnvClientError):
         self.code = code
         self.data = data
         super().__init__(f"Tool '{tool_name}' failed: {message}")
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.tool_name, self.message, self.code, self.data))

@@ -23,10 +23,11 @@ import asyncio
 import inspect
 import json
 import logging
+import threading
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, Callable, Dict, Generic, List, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Dict, Generic, List, Optional, Tuple, TypeVar
 
-from .client_errors import SessionLostError, error_from_frame
+from .client_errors import EnvClientError, SessionLostError, error_from_frame
 from .client_types import StepResult
 from .utils import Endpoint, parse_endpoint, timeout_after, within
 
@@ -91,6 +92,7 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         self._ws: Any = None
         self._ws_loop: Optional[asyncio.AbstractEventLoop] = None
         self._io_lock: Optional[asyncio.Lock] = None
+        self._connect_guard: Optional[Tuple[asyncio.AbstractEventLoop, asyncio.Lock]] = None
         self._usage: Optional[str] = None
         self._loop_thread: Optional[LoopThread] = None
         self._borrowed_loop_thread = False  # a sync child session runs on its parent's loop
@@ -154,6 +156,7 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
     def _stop_runner(self) -> None:
         if self._borrowed_loop_thread:
             self._loop_thread = None
+            self._borrowed_loop_thread = False  # used again, it gets a loop of its own
             return
         if self._loop_thread is not None:
             self._loop_thread.stop()
@@ -195,6 +198,10 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
 
     def close(self) -> Any:
         """Close the session, its child sessions and the provider this client started."""
+        if self._usage is None and not _loop_running():
+            return None  # never used: nothing is open (and no loop thread is started for it)
+        if self._borrowed_loop_thread and self._loop_thread is not None and self._loop_thread.stopped:
+            return None  # a child session: its parent's close already closed it
         if self._usage == "sync" and not self._runner().in_loop_thread():
             try:
                 return self._runner().run(self._close_async())
@@ -286,7 +293,11 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
 
     async def __aenter__(self) -> EnvClient[ActT, ObsT, StateT]:
         self._claim("async")
-        await self._connect_async()
+        try:
+            await self._connect_async()
+        except BaseException:
+            await asyncio.shield(self._close_async())  # a server it started must not outlive this
+            raise
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -294,7 +305,11 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
 
     def __enter__(self) -> EnvClient[ActT, ObsT, StateT]:
         self._claim("sync")
-        self._runner().run(self._connect_async())
+        try:
+            self._runner().run(self._connect_async())
+        except BaseException:
+            self.close()  # a server it started must not outlive this, nor the loop thread
+            raise
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -310,7 +325,13 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         if self._endpoint is not None:
             return self._endpoint
         launch = self._launch or _Launch.of(self._provider)
-        url = await asyncio.to_thread(launch.start)
+        starting = asyncio.ensure_future(asyncio.to_thread(launch.start))
+        try:
+            url = await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            # The start goes on in its thread: stop what it starts, once it has.
+            starting.add_done_callback(lambda done: _stop_started(launch, done))
+            raise
         self._launch, self._provider_started = launch, True
         try:
             await asyncio.to_thread(launch.ready, url)
@@ -331,10 +352,22 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
     async def _connect_async(self) -> Any:
         loop = asyncio.get_running_loop()
         ws = self._ws
-        if ws is not None:
-            if self._ws_loop is loop and _is_open(ws):
-                return ws
-            self._drop_socket()
+        if ws is not None and self._ws_loop is loop and _is_open(ws):
+            return ws
+        # One connection at a time: calls that find no socket together (asyncio.gather, or sync
+        # calls from several threads) must share the one that the first of them opens.
+        guard = self._connect_guard
+        if guard is None or guard[0] is not loop:
+            guard = self._connect_guard = (loop, asyncio.Lock())
+        async with guard[1]:
+            ws = self._ws
+            if ws is not None:
+                if self._ws_loop is loop and _is_open(ws):
+                    return ws
+                self._drop_socket()
+            return await self._open_socket(loop)
+
+    async def _open_socket(self, loop: asyncio.AbstractEventLoop) -> Any:
         endpoint = await self._ensure_endpoint()
         await self._before_connect(endpoint)
         url = endpoint.ws_url + self._ws_path()
@@ -413,6 +446,14 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
                 "the connection carrying this episode was lost earlier (see the previous error); "
                 "call reset() to start a new episode"
             )
+        if not starts_session and self._ws is not None and not _is_open(self._ws):
+            # Lost since the last call (server restarted, session reaped, network): a new socket
+            # would be a new session, so say so instead of stepping a fresh environment.
+            self._lose_session()
+            raise SessionLostError(
+                "the connection carrying this episode was closed since the last call (server restart, "
+                "idle timeout or network); call reset() to start a new episode"
+            )
         ws = await self._connect_async()
         from .env_server.serialization import dumps_json
 
@@ -440,9 +481,12 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
                     raise error_from_frame(pending) from exc
                 raise SessionLostError(f"connection to the server was lost: {exc}") from exc
         self._session_lost = False
-        response = json.loads(raw)
+        try:
+            response = json.loads(raw)
+        except (TypeError, ValueError):
+            response = None
         if not isinstance(response, dict):
-            raise RuntimeError(f"unexpected reply from the server: {raw[:200]!r}")
+            raise EnvClientError(f"unexpected reply from the server (not a JSON object): {raw[:200]!r}")
         if response.get("type") == "error":
             raise error_from_frame(response.get("data"))
         return response
@@ -517,6 +561,20 @@ class _Launch:
         return cls(provider.start, lambda _url: provider.wait_for_ready(), provider.stop)
 
 
+def _stop_started(launch: _Launch, started: asyncio.Future) -> None:
+    """A provider start whose caller was cancelled: stop the server it started (in a thread)."""
+    if started.cancelled() or started.exception() is not None:
+        return
+    threading.Thread(target=_quietly, args=(launch.stop,), name="openenv-provider-stop", daemon=True).start()
+
+
+def _quietly(fn: Callable[[], Any]) -> None:
+    try:
+        fn()
+    except Exception:
+        logger.warning("stopping a server whose start was cancelled failed", exc_info=True)
+
+
 def _split_kwargs(cls: type, kwargs: Dict[str, Any]) -> tuple:
     """Split keyword arguments into the client constructor's and the rest."""
     accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "base_url", "provider"}
@@ -543,7 +601,13 @@ async def _pending_error(ws: Any) -> Optional[Dict[str, Any]]:
 
 
 async def _close_quietly(ws: Any) -> None:
+    """Close ``ws``; if its closing handshake does not finish (or this is cancelled, as when the
+    sync client's loop stops), drop the TCP connection instead of leaving it to the collector."""
     try:
         await within(ws.close(), 5.0)
-    except Exception:
-        pass
+    except BaseException as exc:
+        transport = getattr(ws, "transport", None)
+        if transport is not None:
+            transport.abort()
+        if not isinstance(exc, Exception):
+            raise

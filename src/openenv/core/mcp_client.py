@@ -9,9 +9,10 @@ Tool listings and calls travel as ``{"type": "mcp"}`` frames on that WebSocket. 
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
 from pydantic import ConfigDict
 
@@ -28,6 +29,9 @@ from .env_server.mcp_types import (
 )
 from .env_server.types import Observation, State
 from .utils import Endpoint
+
+_CLOSE_RPC_TIMEOUT_S = 5.0
+"""Seconds a session-close request may take (the server answers at once; a hung one is let go)."""
 
 logger = logging.getLogger("openenv.client")
 
@@ -97,6 +101,7 @@ class MCPClientBase(EnvClient[Any, Observation, State]):
         )
         self._tools_cache: Optional[List[Tool]] = None
         self._production_session_id: Optional[str] = None
+        self._closing: Set[asyncio.Task] = set()  # background closes of lost sessions
         self._http: Any = None
         self._rpc_ids = itertools.count(1)
 
@@ -115,15 +120,18 @@ class MCPClientBase(EnvClient[Any, Observation, State]):
             self._http = httpx.AsyncClient(
                 base_url=endpoint.http_url,
                 headers=self._headers or None,
-                timeout=self._message_timeout_s,
+                timeout=httpx.Timeout(self._message_timeout_s, connect=self._connect_timeout_s),
                 transport=transport,
                 trust_env=not endpoint.is_loopback,
             )
         return self._http
 
-    async def _http_rpc(self, endpoint: Endpoint, method: str, params: Dict[str, Any]) -> Dict[str, Any]:
+    async def _http_rpc(
+        self, endpoint: Endpoint, method: str, params: Dict[str, Any], timeout_s: Optional[float] = None
+    ) -> Dict[str, Any]:
         payload = {"jsonrpc": "2.0", "method": method, "params": params, "id": next(self._rpc_ids)}
-        response = await self._http_client(endpoint).post("/mcp", json=payload)
+        options: Dict[str, Any] = {} if timeout_s is None else {"timeout": timeout_s}
+        response = await self._http_client(endpoint).post("/mcp", json=payload, **options)
         response.raise_for_status()
         return response.json()
 
@@ -133,7 +141,9 @@ class MCPClientBase(EnvClient[Any, Observation, State]):
         try:
             body = await self._http_rpc(endpoint, "openenv/session/create", {})
         except Exception as exc:
-            raise ConnectionError(f"Failed to create MCP session at {endpoint.http_url}/mcp: {exc}") from exc
+            raise ConnectionError(
+                f"Failed to create MCP session at {endpoint.http_url}/mcp: {exc or type(exc).__name__}"
+            ) from exc
         error = body.get("error")
         if error:
             data = error.get("data") if isinstance(error.get("data"), dict) else {}
@@ -147,11 +157,30 @@ class MCPClientBase(EnvClient[Any, Observation, State]):
         return "/ws"
 
     def _lose_session(self) -> None:
+        session_id, endpoint = self._production_session_id, self._endpoint
         super()._lose_session()
         self._forget_production_session()
+        if session_id is not None and endpoint is not None:
+            # Ask the server to close it (once its socket is gone), so that it does not hold a slot
+            # until its idle limit passes; best effort, in the background.
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return
+            task = loop.create_task(self._close_production_session(endpoint, session_id))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def _close_production_session(self, endpoint: Endpoint, session_id: str) -> None:
+        try:
+            await self._http_rpc(
+                endpoint, "openenv/session/close", {"session_id": session_id}, timeout_s=_CLOSE_RPC_TIMEOUT_S
+            )
+        except Exception:
+            logger.debug("closing MCP session %s failed", session_id, exc_info=True)
 
     def _forget_production_session(self) -> None:
-        """Drop the HTTP-created session id; the server closes it when its idle limit passes."""
+        """Drop the HTTP-created session id."""
         self._production_session_id = None
         self._tools_cache = None
 
@@ -159,11 +188,10 @@ class MCPClientBase(EnvClient[Any, Observation, State]):
         session_id, endpoint = self._production_session_id, self._endpoint
         await self._disconnect_async()
         if session_id is not None and endpoint is not None:
-            try:
-                await self._http_rpc(endpoint, "openenv/session/close", {"session_id": session_id})
-            except Exception:
-                logger.debug("closing MCP session %s failed", session_id, exc_info=True)
+            await self._close_production_session(endpoint, session_id)
         self._forget_production_session()
+        if self._closing:
+            await asyncio.wait(set(self._closing), timeout=_CLOSE_RPC_TIMEOUT_S)
         if self._http is not None:
             http, self._http = self._http, None
             await http.aclose()

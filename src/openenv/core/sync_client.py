@@ -24,6 +24,17 @@ ObsT = TypeVar("ObsT")
 StateT = TypeVar("StateT")
 
 _START_TIMEOUT_S = 5.0
+_STOP_TIMEOUT_S = 5.0
+
+
+async def _cancel_others() -> None:
+    """Cancel every other task of the running loop and wait (briefly) for them to finish."""
+    this = asyncio.current_task()
+    others = [task for task in asyncio.all_tasks() if task is not this and not task.done()]
+    for task in others:
+        task.cancel()
+    if others:
+        await asyncio.wait(others, timeout=_STOP_TIMEOUT_S - 1)
 
 
 class LoopThread:
@@ -34,11 +45,14 @@ class LoopThread:
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
+        self.stopped = False  # stop() was called: it does not start again
 
     def _ensure_started(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is not None and self._thread is not None and self._thread.is_alive():
                 return self._loop
+            if self.stopped:
+                raise RuntimeError("this client was closed (or the client whose session it shares was)")
             loop = asyncio.new_event_loop()
             ready = threading.Event()
 
@@ -67,27 +81,42 @@ class LoopThread:
             raise RuntimeError(
                 "a sync client call was made from its own event loop thread; await the async client instead"
             )
-        future = asyncio.run_coroutine_threadsafe(coro, self._ensure_started())
+        loop = self._ensure_started()
+        future = asyncio.run_coroutine_threadsafe(coro, loop)
         try:
             return future.result()
         except KeyboardInterrupt:
             future.cancel()
             raise
         except concurrent.futures.CancelledError:
+            if self._loop is not loop:  # stop() ended it: the client was closed meanwhile
+                from .client_errors import SessionLostError
+
+                raise SessionLostError("the client was closed (from another thread) while this call ran") from None
             raise asyncio.CancelledError() from None
 
     def stop(self) -> None:
+        """Cancel the calls still running on the loop (their callers get an error), then stop it."""
         with self._lock:
             loop, thread = self._loop, self._thread
             self._loop = self._thread = None
+            self.stopped = True
         if loop is None or thread is None:
             return
+        on_loop_thread = threading.current_thread() is thread
+        if not on_loop_thread:
+            try:
+                asyncio.run_coroutine_threadsafe(_cancel_others(), loop).result(_STOP_TIMEOUT_S)
+            except RuntimeError:  # already closed
+                return
+            except Exception:  # the calls did not wind down in time: stop the loop regardless
+                pass
         try:
             loop.call_soon_threadsafe(loop.stop)
         except RuntimeError:  # already closed
             return
-        if threading.current_thread() is not thread:
-            thread.join(timeout=5.0)
+        if not on_loop_thread:
+            thread.join(timeout=_STOP_TIMEOUT_S)
 
     def __del__(self) -> None:
         loop = self._loop
@@ -143,18 +172,21 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
         return child.sync()
 
     def close(self) -> None:
-        try:
-            self._run(self._client._close_async())
-        finally:
-            self._client._stop_runner()
+        self._client.close()
 
     def __enter__(self) -> SyncEnvClient[ActT, ObsT, StateT]:
-        return self.connect()
+        try:
+            return self.connect()
+        except BaseException:
+            self.close()  # a server it started must not outlive this, nor the loop thread
+            raise
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "_client":  # copy/pickle probe these before __init__ ran
+            raise AttributeError(name)
         attr = getattr(self._client, name)
         if inspect.iscoroutinefunction(attr):
 

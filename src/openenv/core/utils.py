@@ -74,7 +74,7 @@ if sys.version_info >= (3, 11):
     """``async with timeout_after(s) as scope:`` raises TimeoutError when the block runs past ``s``
     seconds (None: no limit); ``scope.expired()`` tells that timeout from a TimeoutError raised
     inside. Unlike ``asyncio.wait_for`` on Python 3.11, a cancellation that arrives just as the
-    awaited call finishes is never lost."""
+    awaited call finishes is never lost (on Python 3.10 see the note in its fallback)."""
 else:  # pragma: no cover - Python 3.10
 
     class _Expired(TimeoutError, asyncio.TimeoutError):
@@ -89,23 +89,30 @@ else:  # pragma: no cover - Python 3.10
 
     @contextlib.asynccontextmanager
     async def timeout_after(delay: Optional[float]) -> AsyncIterator[_Scope]:
+        # Python 3.10 has no count of a task's pending cancellations. This scope cancels with a
+        # message of its own, and the CancelledError the task receives carries the message of
+        # the first cancel() since it last ran: an outside cancel that lands just before ours (in
+        # the same loop iteration) still reads as a cancellation. One that lands just after ours
+        # reads as the timeout: the one race left open on 3.10.
         scope = _Scope()
         if delay is None:
             yield scope
             return
         task = asyncio.current_task()
         assert task is not None
+        mark = f"openenv timeout_after {id(scope):x}"
 
         def expire() -> None:
             scope._expired = True
-            task.cancel()
+            task.cancel(mark)
 
         handle = asyncio.get_running_loop().call_later(delay, expire)
         try:
             yield scope
-        except asyncio.CancelledError:
-            if scope._expired:  # our own cancel; any other cancellation goes on as it is
+        except asyncio.CancelledError as exc:
+            if scope._expired and exc.args[:1] == (mark,):  # our own cancel, and only ours
                 raise _Expired() from None
+            scope._expired = False
             raise
         finally:
             handle.cancel()
