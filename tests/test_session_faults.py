@@ -304,3 +304,16 @@ async def test_a_factory_past_the_step_timeout_is_answered_timeout_when_a_socket
             assert reply["data"]["code"] == "TIMEOUT", reply
             assert reply["data"]["timeout_s"] == 0.2
         await until(lambda: manager_of(server).active_sessions == 0)
+
+
+async def test_an_app_served_again_after_a_shutdown_takes_sessions_again():
+    """A second server (or a second TestClient block) on the same app object works like the first."""
+    app = counter_app()
+    for round_ in range(2):
+        with serve(app) as server:
+            async with connect(ws_url(server)) as ws:
+                reply = await ask(ws, {"type": "reset"})
+                assert reply["type"] == "observation", (round_, reply)
+                assert (await ask(ws, {"type": "step", "data": {}}))["data"]["observation"]["value"] == 1
+            response = httpx.post(server.base_url + "/step", json={"action": {}}, timeout=10)
+            assert response.status_code == 200, (round_, response.text)

@@ -257,6 +257,7 @@ class HTTPEnvServer:
 
         @contextlib.asynccontextmanager
         async def lifespan(application: Any) -> AsyncIterator[Any]:
+            manager.reopen()  # served before (and shut down): take sessions again
             async with previous(application) as state:
                 with _serving_gc():
                     try:

@@ -639,8 +639,17 @@ class SessionManager:
             await self.destroy(session)
         return len(idle)
 
+    def reopen(self) -> None:
+        """Accept sessions again after :meth:`shutdown` (the app is served again: a second
+        ``TestClient(app)`` block, say), with a fresh worker pool."""
+        if not self._closed:
+            return
+        self._closed = False
+        self.pool = WorkerPool(self.pool.max_workers, name="openenv-env", batch=self.pool.batch)
+        self._temporary_slots = asyncio.Semaphore(self.max_sessions)
+
     async def shutdown(self) -> None:
-        """Destroy every session and stop the reaper; the manager accepts no new sessions."""
+        """Destroy every session and stop the reaper; no new sessions until :meth:`reopen`."""
         self._closed = True
         if self._reaper is not None:
             self._reaper.cancel()
