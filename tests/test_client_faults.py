@@ -49,6 +49,7 @@ async def test_calls_racing_to_connect_share_one_connection():
 def test_sync_calls_from_threads_racing_to_connect_share_one_connection():
     with serve(counter_app(max_concurrent_envs=16)) as server:
         manager = manager_of(server)
+        loops_before = {t.ident for t in threading.enumerate() if t.name == "openenv-sync-client-loop"}
         client = GenericEnvClient(base_url=server.base_url).sync()
         gate = threading.Barrier(8)
 
@@ -62,6 +63,8 @@ def test_sync_calls_from_threads_racing_to_connect_share_one_connection():
         for thread in threads:
             thread.join(20)
         assert manager.active_sessions == 1
+        loops = {t.ident for t in threading.enumerate() if t.name == "openenv-sync-client-loop"} - loops_before
+        assert len(loops) == 1, loops
         client.close()
         asyncio.run(until(lambda: manager.active_sessions == 0))
 
@@ -127,9 +130,10 @@ def test_closing_a_sync_client_ends_another_threads_call_with_an_error():
         listener.close()
 
 
-def _handshake_only_server() -> tuple:
-    """A TCP server that completes the WebSocket opening handshake, then reads nothing more (it
-    never answers a close frame). Returns (port, a function telling whether the client hung up)."""
+def _handshake_only_server(drain: bool = True) -> tuple:
+    """A TCP server that completes the WebSocket opening handshake, then never answers (it drains
+    what comes until EOF, or with ``drain=False`` reads nothing at all). Returns (port, an event
+    set when the client hung up)."""
     listener = socket.create_server(("127.0.0.1", 0))
     state: dict = {"eof": threading.Event()}
 
@@ -149,6 +153,8 @@ def _handshake_only_server() -> tuple:
             b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n"
         )
         time.sleep(0.5)
+        if not drain:
+            state["eof"].wait(30)
         conn.setblocking(False)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # drain whatever comes, without answering, until EOF
@@ -177,6 +183,17 @@ def test_closing_against_a_server_that_ignores_the_close_drops_the_tcp_connectio
     client.close()
     assert time.monotonic() - began < 8
     assert hung_up.wait(5), "the client left the TCP connection open after close()"
+
+
+def test_a_send_to_a_server_that_stopped_reading_times_out():
+    port, _ = _handshake_only_server(drain=False)
+    client = GenericEnvClient(base_url=f"http://127.0.0.1:{port}", message_timeout_s=1, max_message_size_mb=64).sync()
+    client.connect()
+    began = time.monotonic()
+    with pytest.raises(TimeoutError):
+        client.step({"blob": "x" * (48 << 20)})  # far more than the socket buffers hold
+    assert time.monotonic() - began < 10
+    client.close()
 
 
 def test_client_exceptions_survive_pickling():

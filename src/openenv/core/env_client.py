@@ -36,6 +36,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger("openenv.client")
 
+_RUNNER_LOCK = threading.Lock()
+
 ActT = TypeVar("ActT")
 ObsT = TypeVar("ObsT")
 StateT = TypeVar("StateT")
@@ -147,11 +149,15 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
             )
 
     def _runner(self) -> LoopThread:
-        if self._loop_thread is None:
+        runner = self._loop_thread
+        if runner is None:
             from .sync_client import LoopThread
 
-            self._loop_thread = LoopThread()
-        return self._loop_thread
+            with _RUNNER_LOCK:  # first sync calls from several threads: one loop thread
+                runner = self._loop_thread
+                if runner is None:
+                    runner = self._loop_thread = LoopThread()
+        return runner
 
     def _stop_runner(self) -> None:
         if self._borrowed_loop_thread:
@@ -462,8 +468,8 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         assert lock is not None
         async with lock:
             try:
-                await ws.send(text)
                 async with timeout_after(self._message_timeout_s):
+                    await ws.send(text)  # a server that stops reading must not hold us forever
                     raw = await ws.recv()
             except TimeoutError:
                 self._lose_session()
