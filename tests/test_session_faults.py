@@ -317,3 +317,21 @@ async def test_an_app_served_again_after_a_shutdown_takes_sessions_again():
                 assert (await ask(ws, {"type": "step", "data": {}}))["data"]["observation"]["value"] == 1
             response = httpx.post(server.base_url + "/step", json={"action": {}}, timeout=10)
             assert response.status_code == 200, (round_, response.text)
+
+
+async def test_a_session_destroyed_while_its_environment_is_built_closes_that_environment():
+    class SlowFactory(CounterEnv):
+        def __init__(self) -> None:
+            time.sleep(0.3)
+            super().__init__()
+
+    manager = SessionManager(SlowFactory, max_sessions=2)
+    creating = asyncio.ensure_future(manager.create(SessionKind.DETACHED))
+    await until(lambda: manager.active_sessions == 1)
+    (session,) = manager.sessions().values()
+    await manager.destroy(session)
+    with pytest.raises(sessions_module.SessionCreationError, match="closed while it was being created"):
+        await creating
+    await until(lambda: TRACKER.created == 1 and TRACKER.closed == 1)
+    assert manager.active_sessions == 0 and session.env is None
+    await manager.shutdown()

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from openenv.core.env_server.workers import EnvironmentCallError, WorkerPool
+from openenv.core.env_server.exceptions import EnvironmentCallError
+from openenv.core.env_server.workers import WorkerPool
 
 from .conftest import until
 

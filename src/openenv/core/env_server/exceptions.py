@@ -74,3 +74,16 @@ class StepTimeoutError(OpenEnvError, TimeoutError):
             "the environment instance was discarded: call reset() to start a new episode"
         )
         super().__init__(self.message)
+
+
+class EnvironmentCallError(RuntimeError):
+    """A call in the pool raised what an awaiting coroutine cannot be handed as it is:
+    ``StopIteration`` (a future refuses it) or a ``BaseException`` that is not an ``Exception``
+    (``SystemExit`` from a library calling ``sys.exit()``, say, which would stop the event loop).
+    ``name`` is the original exception's type name; it is also ``__cause__``."""
+
+    def __init__(self, original: BaseException) -> None:
+        self.name = type(original).__name__
+        detail = str(original)
+        super().__init__(f"{self.name} raised by the call" + (f": {detail}" if detail else ""))
+        self.__cause__ = original

@@ -36,6 +36,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Deque, Dict, FrozenS
 from ..utils import timeout_after, within
 from .exceptions import (
     ConcurrencyConfigurationError,
+    EnvironmentCallError,
     EnvironmentFactoryError,
     SessionCapacityError,
     SessionCreationError,
@@ -43,7 +44,7 @@ from .exceptions import (
     StepTimeoutError,
 )
 from .types import ServerCapacityStatus, SessionInfo
-from .workers import EnvironmentCallError, Job, WorkerPool
+from .workers import Job, WorkerPool
 
 logger = logging.getLogger("openenv.server")
 
@@ -361,27 +362,23 @@ class SessionManager:
             raise SessionCapacityError(len(self._sessions), self.max_sessions)
         session = Session(str(uuid.uuid4()), kind)
         self._sessions[session.id] = session
+        env = None
         try:
             env = await self._build_env()
+            if session.state is not SessionState.CREATING:  # destroyed while its env was being built
+                raise SessionCreationError("session was closed while it was being created")
+            session.env = env
+            session.traits = env_traits(type(env))
+            self._prepare(session)
         except BaseException:
             if self._sessions.get(session.id) is session:
                 del self._sessions[session.id]
             if session.state is SessionState.CREATING:
                 session.transition(SessionState.CLOSING)
                 session.transition(SessionState.CLOSED)
-            raise
-        if session.state is not SessionState.CREATING:  # destroyed while its env was being built
-            self._close_soon(env, None)
-            raise SessionCreationError("session was closed while it was being created")
-        session.env = env
-        session.traits = env_traits(type(env))
-        try:
-            self._prepare(session)
-        except BaseException:
-            del self._sessions[session.id]
-            session.transition(SessionState.CLOSING)
-            session.transition(SessionState.CLOSED)
-            self._close_soon(env, None)
+            session.env = None
+            if env is not None:
+                self._close_soon(env, None)
             raise
         session.transition(SessionState.READY)
         self._ensure_reaper()

@@ -36,6 +36,8 @@ import sys
 import threading
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
+from .exceptions import EnvironmentCallError
+
 _pool_ids = itertools.count(1)
 logger = logging.getLogger("openenv.server")
 
@@ -110,26 +112,10 @@ class Job:
             if ok:
                 fut.set_result(value)
             else:
-                try:
-                    fut.set_exception(value)
-                except TypeError:  # an exception a future refuses (see _deliverable)
-                    fut.set_exception(EnvironmentCallError(value))
+                fut.set_exception(value)  # one a future accepts: see _deliverable
         callbacks, self._callbacks = self._callbacks, None
         for callback in callbacks or ():
             callback()
-
-
-class EnvironmentCallError(RuntimeError):
-    """A call in the pool raised what an awaiting coroutine cannot be handed as it is:
-    ``StopIteration`` (a future refuses it) or a ``BaseException`` that is not an ``Exception``
-    (``SystemExit`` from a library calling ``sys.exit()``, say, which would stop the event loop).
-    ``name`` is the original exception's type name; it is also ``__cause__``."""
-
-    def __init__(self, original: BaseException) -> None:
-        self.name = type(original).__name__
-        detail = str(original)
-        super().__init__(f"{self.name} raised by the call" + (f": {detail}" if detail else ""))
-        self.__cause__ = original
 
 
 def _deliverable(exc: BaseException) -> BaseException:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Deque, Dict, Optional, Set
 import pydantic
 
 from .exceptions import (
+    EnvironmentCallError,
     EnvironmentFactoryError,
     SessionCapacityError,
     SessionCreationError,
@@ -30,7 +31,6 @@ from .mcp_types import JsonRpcErrorCode, JsonRpcRequest, JsonRpcResponse, WSMCPM
 from .serialization import deserialize_action, dumps_json, observation_payload_json, parse_json, to_json_bytes
 from .sessions import Session, SessionClosedError, SessionKind
 from .types import ResetRequest, WSErrorCode, WSResetMessage, WSStateMessage, WSStepMessage
-from .workers import EnvironmentCallError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .http_server import HTTPEnvServer
