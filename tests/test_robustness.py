@@ -97,6 +97,60 @@ async def test_fifty_clients_dropping_mid_step_leak_nothing():
             assert (await ask(ws, {"type": "reset"}))["type"] == "observation"
 
 
+async def test_frames_read_ahead_during_a_long_step_are_bounded_in_size_and_all_answered():
+    """A client may send more frames while a step runs; the server reads some ahead (to notice the
+    client leaving) but holds at most PIPELINE_MAX_CHARS of them plus one, not PIPELINE_DEPTH frames
+    of up to the message limit each, and answers every frame in order once the step is done."""
+    from openenv.core.env_server.ws_endpoint import PIPELINE_DEPTH, PIPELINE_MAX_CHARS
+
+    pad = "x" * (PIPELINE_MAX_CHARS // 3 + 1)  # three frames reach the bound
+    frames = 8
+    assert frames < PIPELINE_DEPTH
+    with serve(counter_app()) as server:
+        app_server = server.server.config.app.state.openenv_server
+        async with connect(ws_url(server), max_size=None) as ws:
+            await ask(ws, {"type": "reset"})
+            await ws.send(json.dumps({"type": "step", "data": {"sleep_s": 0.8}}))
+            for i in range(frames):
+                await ws.send(json.dumps({"type": "step", "data": {"delta": 1, "metadata": {"i": i, "pad": pad}}}))
+            (connection,) = app_server.connection_watch._connections
+            await until(lambda: connection._watcher is not None and connection._watcher.done())
+            held = [m for m in connection._backlog if m.get("text")]
+            assert len(held) == 3
+            assert sum(len(m["text"]) for m in held) < PIPELINE_MAX_CHARS + len(pad) + 200
+            assert (await ws.recv()).startswith('{"type":"observation"')
+            values = [json.loads(await ws.recv())["data"]["observation"]["value"] for _ in range(frames)]
+            assert values == list(range(2, frames + 2))  # the long step counted 1
+        assert healthy(server)
+
+
+async def test_binary_frames_read_ahead_during_a_long_step_are_not_kept():
+    from openenv.core.env_server.ws_endpoint import WSConnection
+
+    kept = []
+    original = WSConnection._admit
+
+    def admit(self, message):
+        admitted = original(self, message)
+        kept.append(admitted)
+        return admitted
+
+    with serve(counter_app()) as server:
+        async with connect(ws_url(server), max_size=None) as ws:
+            await ask(ws, {"type": "reset"})
+            WSConnection._admit = admit
+            try:
+                await ws.send(json.dumps({"type": "step", "data": {"sleep_s": 0.3}}))
+                await ws.send(b"\0" * 1_000_000)
+                assert json.loads(await ws.recv())["type"] == "observation"
+                assert json.loads(await ws.recv())["data"]["code"] == "UNSUPPORTED_FRAME"
+            finally:
+                WSConnection._admit = original
+            assert (await ask(ws, {"type": "step", "data": {"delta": 2}}))["data"]["observation"]["value"] == 3
+        assert kept and not any(m.get("bytes") for m in kept)
+        assert healthy(server)
+
+
 async def test_graceful_and_abrupt_connect_disconnect_cycles_leak_nothing():
     cycles = 1000
     with serve(counter_app(max_concurrent_envs=8)) as server:

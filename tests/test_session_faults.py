@@ -20,6 +20,7 @@ from openenv.core.env_server import sessions as sessions_module
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.mcp_environment import MCPEnvironment
 from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
+from openenv.core.env_server.runner import BackgroundServer
 from openenv.core.env_server.sessions import SessionKind, SessionManager, SessionState
 from openenv.core.env_server.types import ConcurrencyConfig
 
@@ -335,3 +336,18 @@ async def test_a_session_destroyed_while_its_environment_is_built_closes_that_en
     await until(lambda: TRACKER.created == 1 and TRACKER.closed == 1)
     assert manager.active_sessions == 0 and session.env is None
     await manager.shutdown()
+
+
+async def test_an_environment_whose_step_still_runs_at_shutdown_is_closed_once_it_returns():
+    server = BackgroundServer(counter_app()).start()
+    try:
+        ws = await connect(ws_url(server))
+        await ask(ws, {"type": "reset"})
+        await ws.send(json.dumps({"type": "step", "data": {"sleep_s": 1.0}}))
+        await asyncio.sleep(0.2)
+        assert TRACKER.alive == 1
+    finally:
+        await asyncio.get_running_loop().run_in_executor(None, server.stop)
+    ws.transport.abort()
+    assert TRACKER.alive == 0  # closed before the server finished stopping
+    assert TRACKER.created == 1

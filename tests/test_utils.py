@@ -42,6 +42,26 @@ def test_loopback_detection():
     assert not parse_endpoint("https://example.org").is_loopback
 
 
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.2:9", "http://[::1]:9", "http://[::ffff:127.0.0.1]:9", "http://0.0.0.0:9", "http://[::]:9"]
+)
+def test_loopback_and_unspecified_addresses_count_as_this_host(url):
+    assert parse_endpoint(url).is_loopback
+
+
+@pytest.mark.parametrize(
+    "url", ["http://10.0.0.1:9", "http://[::ffff:10.0.0.1]:9", "http://127.example.org", "http://[2001:db8::1]"]
+)
+def test_other_hosts_are_not_loopback(url):
+    assert not parse_endpoint(url).is_loopback
+
+
+@pytest.mark.parametrize("url", ["http://h:9/?token=abc", "http://h:9/x#frag", "ws://h:9?x=1"])
+def test_a_base_url_with_a_query_or_fragment_is_refused_not_silently_cut(url):
+    with pytest.raises(ValueError, match="query string or fragment"):
+        parse_endpoint(url)
+
+
 def test_hf_space_subdomain():
     """Spec §12.15: lower-cased repo id, every non-alphanumeric character a dash."""
     assert hf_space_subdomain("OpenEnv/Echo_Env") == "openenv-echo-env"

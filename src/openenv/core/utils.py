@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import re
 import sys
 import threading
@@ -31,7 +32,16 @@ class Endpoint:
         if self.uds:
             return True
         host = urlsplit(self.http_url).hostname or ""
-        return host in ("localhost", "127.0.0.1", "::1") or host.startswith("127.")
+        if host == "localhost" or host.endswith(".localhost"):
+            return True
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return False
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped  # ::ffff:127.0.0.1
+        # 0.0.0.0 and :: (a server's "all interfaces", often pasted as a URL) reach this host too
+        return address.is_loopback or address.is_unspecified
 
 
 def parse_endpoint(base_url: str) -> Endpoint:
@@ -53,6 +63,11 @@ def parse_endpoint(base_url: str) -> Endpoint:
         raise ValueError(f"unsupported URL scheme {scheme!r} in {base_url!r}: use http, https, ws, wss or unix")
     if not parts.netloc:
         raise ValueError(f"no host in {base_url!r}")
+    if parts.query or parts.fragment:
+        raise ValueError(
+            f"base_url {base_url!r} has a query string or fragment, which the client would not send: "
+            "pass credentials as headers (headers={...}) instead"
+        )
     path = parts.path.rstrip("/")
     http_url = urlunsplit((http_scheme, parts.netloc, path, "", ""))
     ws_url = urlunsplit(("wss" if http_scheme == "https" else "ws", parts.netloc, path, "", ""))

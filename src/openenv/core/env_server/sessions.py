@@ -280,6 +280,7 @@ class SessionManager:
         self._sessions: Dict[str, Session] = {}
         self._temporary_slots = asyncio.Semaphore(max_sessions)
         self._background: Set[asyncio.Task] = set()
+        self._awaiting_return: Set[Job] = set()  # calls whose environment is closed once they return
         self._reaper: Optional[asyncio.Task] = None
         self._closed = False
         self.prepare: Optional[Callable[[Session], None]] = None
@@ -442,7 +443,13 @@ class SessionManager:
     def _close_soon(self, env: Any, job: Optional[Job]) -> None:
         """Close ``env`` in the pool, after ``job`` (a call still running on it) has returned."""
         if job is not None and not job.done:
-            job.add_done_callback(lambda: self._close_soon(env, None))
+            self._awaiting_return.add(job)  # shutdown() waits for it
+
+            def returned() -> None:
+                self._awaiting_return.discard(job)
+                self._close_soon(env, None)
+
+            job.add_done_callback(returned)
             return
         self._spawn(self._close_env(env))
 
@@ -653,8 +660,23 @@ class SessionManager:
             self._reaper = None
         for session in list(self._sessions.values()):
             await self.destroy(session)
+        if self._awaiting_return:
+            # Environments whose last call still runs (a client left mid-step): close them when it
+            # returns, rather than leave them (and whatever they hold) open after the server.
+            logger.info(
+                "waiting up to %.0f s for %d environment call(s) to return, to close their environments",
+                CLOSE_TIMEOUT_S,
+                len(self._awaiting_return),
+            )
+            await asyncio.wait([job.when_done() for job in self._awaiting_return], timeout=CLOSE_TIMEOUT_S)
         if self._background:
             await asyncio.wait(set(self._background), timeout=CLOSE_TIMEOUT_S)
+        if self._awaiting_return:
+            logger.warning(
+                "%d environment(s) left unclosed: their calls did not return within %.0f s",
+                len(self._awaiting_return),
+                CLOSE_TIMEOUT_S,
+            )
         self.pool.shutdown()
 
 

@@ -40,6 +40,11 @@ logger = logging.getLogger("openenv.server")
 PIPELINE_DEPTH = 16
 """Frames a watcher reads ahead while a step runs; beyond that TCP backpressure applies."""
 
+PIPELINE_MAX_CHARS = 1024 * 1024
+"""Characters a watcher reads ahead while a step runs: once the frames it holds reach this, it
+stops reading (so a connection holds at most this plus one frame of up to the message limit,
+rather than ``PIPELINE_DEPTH`` frames of that size)."""
+
 WATCH_AFTER_S = 0.05
 """A step running longer than this gets a watcher that notices the client leaving."""
 
@@ -190,12 +195,16 @@ class WSConnection:
             self._watcher = asyncio.get_running_loop().create_task(self._watch())
 
     async def _watch(self) -> None:
+        backlog = self._backlog
+        held = sum(len(m.get("text") or "") for m in backlog)
         try:
-            while len(self._backlog) < PIPELINE_DEPTH:
+            while len(backlog) < PIPELINE_DEPTH and held < PIPELINE_MAX_CHARS:
                 message = await self.receive()
                 if message["type"] == "websocket.disconnect":
                     break
-                self._backlog.append(self._admit(message))
+                message = self._admit(message)
+                held += len(message.get("text") or "")
+                backlog.append(message)
             else:
                 return  # backlog full: leave the rest in the socket (backpressure)
         except asyncio.CancelledError:
@@ -213,8 +222,12 @@ class WSConnection:
             await asyncio.gather(watcher, return_exceptions=True)
 
     def _admit(self, message: Dict[str, Any]) -> Dict[str, Any]:
+        """The message as kept until it is handled: too large a text, or any binary payload
+        (only ever answered with an error), is not kept around."""
         text = message.get("text")
-        if text is not None and len(text) > self.max_chars:  # do not keep it around
+        if text is None:
+            return {"type": message["type"]} if message.get("bytes") else message
+        if len(text) > self.max_chars:
             return {"type": "websocket.receive", "oversize": len(text)}
         return message
 
