@@ -271,8 +271,10 @@ async def test_a_single_thread_environment_stays_on_one_thread_after_a_step_time
             await ask(ws, {"type": "reset"})
             assert (await ask(ws, {"type": "step", "data": {"sleep_s": 0.6}}))["data"]["code"] == "TIMEOUT"
             TRACKER.threads = set()
-            await ask(ws, {"type": "step", "data": {}})  # a fresh instance, on a replacement thread
-            await asyncio.sleep(0.5)  # the stuck step returns: its thread must retire, not serve
+            # no replacement thread: while the stuck step runs, calls are refused at once
+            refused = await ask(ws, {"type": "step", "data": {}})
+            assert refused["data"]["code"] == "TIMEOUT" and "not started" in refused["data"]["message"]
+            await asyncio.sleep(0.5)  # the stuck step returns; its thread serves again
             for _ in range(30):
                 await ask(ws, {"type": "step", "data": {}})
                 await asyncio.sleep(0.005)
@@ -351,3 +353,43 @@ async def test_an_environment_whose_step_still_runs_at_shutdown_is_closed_once_i
     ws.transport.abort()
     assert TRACKER.alive == 0  # closed before the server finished stopping
     assert TRACKER.created == 1
+
+
+async def test_a_single_thread_environment_is_never_called_from_a_second_thread():
+    """A stateless call that hangs past the timeout must not push another session's instance onto
+    a replacement thread: that session's calls are refused until the hung call returns."""
+    from .envs import SingleThreadEnv
+
+    with serve(counter_app(SingleThreadEnv, max_concurrent_envs=1, step_timeout_s=0.3)) as server:
+        async with connect(ws_url(server)) as ws, httpx.AsyncClient(base_url=server.base_url, timeout=10) as http:
+            await ask(ws, {"type": "reset"})
+            await ask(ws, {"type": "step", "data": {}})
+            (built_on,) = TRACKER.threads
+            hung = await http.post("/step", json={"action": {"sleep_s": 0.8}})
+            assert hung.status_code == 504
+            refused = await ask(ws, {"type": "step", "data": {}})
+            assert refused["data"]["code"] == "TIMEOUT" and "not started" in refused["data"]["message"]
+            await asyncio.sleep(0.6)  # the hung call returns
+            reply = await ask(ws, {"type": "step", "data": {}})
+            assert reply["data"]["observation"]["value"] == 2  # the same instance, one step more
+            assert TRACKER.threads == {built_on}
+            pool = server.server.config.app.state.openenv_server.manager.pool
+            assert pool.threads == 1 and pool.stuck == 0
+
+
+async def test_hanging_calls_cost_a_bounded_number_of_threads_and_instances():
+    """Each call past the step timeout leaves a thread inside the environment; replacements for
+    them are capped, beyond which calls are refused at once, and all recovers when they return."""
+    with serve(counter_app(max_concurrent_envs=1, worker_threads=2, step_timeout_s=0.2)) as server:
+        manager = server.server.config.app.state.openenv_server.manager
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as http:
+            replies = await asyncio.gather(*(http.post("/step", json={"action": {"sleep_s": 1.5}}) for _ in range(12)))
+            assert {r.status_code for r in replies} == {504}
+            assert manager.pool.threads <= 4 and manager.pool.stuck <= 4
+            assert TRACKER.alive <= 4
+            assert any("not started" in r.json()["detail"] for r in replies)
+            await until(lambda: manager.pool.stuck == 0, timeout=5)
+            ok = await http.post("/step", json={"action": {"delta": 2}})
+            assert ok.status_code == 200 and ok.json()["observation"]["value"] == 2
+        await until(lambda: TRACKER.alive == 0, timeout=5)
+        assert manager.pool.threads <= 2

@@ -87,6 +87,55 @@ async def test_after_a_stuck_call_a_one_thread_pool_runs_every_call_on_one_threa
     pool.shutdown()
 
 
+async def _stick(pool: WorkerPool, release: threading.Event) -> None:
+    """Start a call that blocks until ``release`` and give up on it once it runs."""
+    started = threading.Event()
+
+    def blocked() -> None:
+        started.set()
+        release.wait()
+
+    call = asyncio.ensure_future(pool.run(blocked))
+    await until(started.is_set)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+
+
+async def test_replacements_for_stuck_calls_are_capped_at_max_stuck():
+    pool = WorkerPool(2, max_stuck=1)
+    release = threading.Event()
+    for _ in range(3):  # two workers and the one replacement allowed, all stuck
+        await _stick(pool, release)
+    assert (pool.threads, pool.stuck, pool.exhausted) == (3, 3, True)
+    waiting = [pool.submit(lambda: threading.current_thread().name) for _ in range(5)]
+    await asyncio.sleep(0.1)
+    assert pool.threads == 3  # no thread for them while every allowed one is stuck
+    assert not any(job.done for job in waiting)
+    release.set()
+    names = [await asyncio.wait_for(job.future, 5) for job in waiting]
+    assert len(names) == 5
+    await until(lambda: pool.stuck == 0 and pool.threads == 2)
+    assert not pool.exhausted
+    pool.shutdown()
+
+
+async def test_a_pool_allowed_no_replacement_stays_one_thread_while_a_call_is_stuck():
+    pool = WorkerPool(1, max_stuck=0)
+    release = threading.Event()
+    first = asyncio.ensure_future(pool.run(lambda: threading.current_thread().name))
+    name = await asyncio.wait_for(first, 5)
+    await _stick(pool, release)
+    assert pool.exhausted and pool.threads == 1
+    later = pool.submit(lambda: threading.current_thread().name)
+    await asyncio.sleep(0.1)
+    assert not later.done and pool.threads == 1
+    release.set()
+    assert await asyncio.wait_for(later.future, 5) == name
+    assert (pool.threads, pool.stuck, pool.exhausted) == (1, 0, False)
+    pool.shutdown()
+
+
 @pytest.mark.parametrize(
     ("raise_it", "name"),
     [(lambda: next(iter(())), "StopIteration"), (lambda: sys.exit(3), "SystemExit")],

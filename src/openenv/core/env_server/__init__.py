@@ -76,6 +76,7 @@ _EXPORTS.update(
         "SessionCreationError": ".exceptions",
         "EnvironmentFactoryError": ".exceptions",
         "StepTimeoutError": ".exceptions",
+        "WorkersStuckError": ".exceptions",
         "EnvironmentCallError": ".exceptions",
         "deserialize_action": ".serialization",
         "deserialize_action_with_preprocessing": ".serialization",

@@ -76,11 +76,29 @@ class StepTimeoutError(OpenEnvError, TimeoutError):
         super().__init__(self.message)
 
 
+class WorkersStuckError(StepTimeoutError):
+    """A call was not started because every worker thread the server may use is still inside an
+    earlier call that was given up on (past the step timeout, or its client left); it is answered
+    like a timeout, at once, instead of waiting in a queue that nothing serves."""
+
+    def __init__(self, operation: str, timeout_s: Optional[float], stuck: int) -> None:
+        self.operation = operation
+        self.timeout_s = timeout_s  # type: ignore[assignment]
+        self.stuck = stuck
+        self.message = (
+            f"{operation} was not started: all {stuck} worker threads are still inside earlier calls "
+            "that were given up on (the environment hangs?); try again once they return"
+        )
+        Exception.__init__(self, self.message)
+
+
 class EnvironmentCallError(RuntimeError):
     """A call in the pool raised what an awaiting coroutine cannot be handed as it is:
     ``StopIteration`` (a future refuses it) or a ``BaseException`` that is not an ``Exception``
-    (``SystemExit`` from a library calling ``sys.exit()``, say, which would stop the event loop).
-    ``name`` is the original exception's type name; it is also ``__cause__``."""
+    (``SystemExit`` from a library calling ``sys.exit()``, say, which would stop the event loop);
+    also a pydantic ``ValidationError`` raised inside the environment (a bad observation, say),
+    which would otherwise be reported as the client's invalid input. ``name`` is the original
+    exception's type name; it is also ``__cause__``."""
 
     def __init__(self, original: BaseException) -> None:
         self.name = type(original).__name__

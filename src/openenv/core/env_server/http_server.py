@@ -15,11 +15,13 @@ import gc
 import inspect
 import json
 import logging
+import math
 import os
 from typing import Any, AsyncIterator, Callable, Dict, Iterator, Optional, Type, Union
 
 import pydantic
 from fastapi import Body, FastAPI, Query, Request, WebSocket
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from .exceptions import (
@@ -32,7 +34,14 @@ from .exceptions import (
 from .interfaces import Environment
 from .mcp_endpoint import MCPDispatcher
 from .mcp_types import JsonRpcErrorCode, JsonRpcRequest, JsonRpcResponse
-from .serialization import deserialize_action, dumps_json, parse_json, serialize_observation, to_jsonable
+from .serialization import (
+    deserialize_action,
+    dumps_json,
+    parse_json,
+    serialize_observation,
+    to_json_bytes,
+    to_jsonable,
+)
 from .sessions import Session, SessionClosedError, SessionKind, SessionManager
 from .types import (
     Action,
@@ -76,6 +85,17 @@ def _resolve_mode(mode: Union[ServerMode, str, None]) -> ServerMode:
         raise ValueError(f"Invalid server mode {mode!r}: expected one of {valid}") from None
 
 
+def _json_response(content: Any, status: int = 200) -> Response:
+    """A JSON response of any value (NaN and infinities written as null, which Starlette's
+    JSONResponse refuses with a 500)."""
+    return Response(to_json_bytes(content), status_code=status, media_type="application/json")
+
+
+async def _request_validation_error(request: Request, exc: RequestValidationError) -> Response:
+    """FastAPI's 422 for an invalid request body, in the same shape, but able to echo NaN inputs."""
+    return _json_response({"detail": to_jsonable(exc.errors())}, status=422)
+
+
 def _error(status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse({"detail": message, "code": code}, status_code=status)
 
@@ -85,7 +105,7 @@ def _observation_response(model: Type[pydantic.BaseModel], observation: Observat
     reward = payload["reward"]
     return model(
         observation=to_jsonable(payload["observation"]),
-        reward=None if reward is None else float(reward),
+        reward=None if reward is None or not math.isfinite(reward) else float(reward),  # JSON has no NaN
         done=payload["done"],
         metadata=to_jsonable(payload.get("metadata")),
     ).model_dump()
@@ -206,7 +226,7 @@ class HTTPEnvServer:
         try:
             return await operation()
         except pydantic.ValidationError as exc:
-            return JSONResponse({"detail": json.loads(exc.json())}, status_code=422)
+            return _json_response({"detail": json.loads(exc.json())}, status=422)
         except (SessionNotFoundError, SessionClosedError) as exc:
             return _error(404, "SESSION_ERROR", exc.message)
         except SessionCreationError as exc:
@@ -248,7 +268,7 @@ class HTTPEnvServer:
         self._register_info_routes(app)
         self._register_mcp_routes(app)
         self._register_task_routes(app)
-
+        app.add_exception_handler(RequestValidationError, _request_validation_error)  # type: ignore[arg-type]
         app.add_middleware(WSEndpoint, server=self)
 
     def _install_lifespan(self, app: FastAPI) -> None:
@@ -326,7 +346,7 @@ class HTTPEnvServer:
             async def run() -> Any:
                 async with server._target(session_id) as session:
                     value = await server.manager.state(session)
-                return JSONResponse(to_jsonable(value))
+                return _json_response(value)
 
             return await server._guarded(run)
 

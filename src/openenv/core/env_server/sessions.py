@@ -33,6 +33,8 @@ import uuid
 from enum import Enum
 from typing import Any, AsyncIterator, Awaitable, Callable, Deque, Dict, FrozenSet, Optional, Set
 
+import pydantic
+
 from ..utils import timeout_after, within
 from .exceptions import (
     ConcurrencyConfigurationError,
@@ -42,6 +44,7 @@ from .exceptions import (
     SessionCreationError,
     SessionNotFoundError,
     StepTimeoutError,
+    WorkersStuckError,
 )
 from .types import ServerCapacityStatus, SessionInfo
 from .workers import Job, WorkerPool
@@ -276,7 +279,9 @@ class SessionManager:
         single = bool(getattr(self.env_cls, "REQUIRES_SINGLE_THREAD_EXECUTOR", False))
         if worker_threads is None:
             worker_threads = int(os.environ.get("OPENENV_WORKER_THREADS", "0")) or min(max_sessions + 1, 16)
-        self.pool = WorkerPool(1 if single else worker_threads, name="openenv-env")
+        # One thread and no replacement for an environment that needs a single thread: while a
+        # call that was given up on still runs, other calls are refused (WorkersStuckError).
+        self.pool = WorkerPool(1 if single else worker_threads, name="openenv-env", max_stuck=0 if single else None)
         self._sessions: Dict[str, Session] = {}
         self._temporary_slots = asyncio.Semaphore(max_sessions)
         self._background: Set[asyncio.Task] = set()
@@ -321,7 +326,12 @@ class SessionManager:
         if self.max_sessions > 1 and not getattr(cls, "SUPPORTS_CONCURRENT_SESSIONS", False):
             raise ConcurrencyConfigurationError(cls.__name__, self.max_sessions)
 
+    def _check_workers(self, operation: str) -> None:
+        if self.pool.exhausted:
+            raise WorkersStuckError(operation, self.step_timeout_s, self.pool.stuck)
+
     async def _build_env(self) -> Any:
+        self._check_workers("environment construction")
         job = self.pool.submit(self._factory)
         try:
             env = await self._timed(job, "environment construction")
@@ -538,7 +548,10 @@ class SessionManager:
                     raise
                 except SystemExit as exc:  # re-raised in a task, it would stop the event loop
                     raise EnvironmentCallError(exc) from exc
+                except pydantic.ValidationError as exc:  # the environment's, not the client's input
+                    raise EnvironmentCallError(exc) from exc
             else:
+                self._check_workers(operation)
                 job = self.pool.submit(sync_fn, env)  # type: ignore[arg-type]
                 session.inflight = job
                 try:
@@ -553,6 +566,9 @@ class SessionManager:
                 except asyncio.CancelledError:
                     self.pool.abandon(job)  # session.inflight stays: the next call waits for it
                     raise
+                except pydantic.ValidationError as exc:  # the environment's, not the client's input
+                    session.inflight = None
+                    raise EnvironmentCallError(exc) from exc
                 session.inflight = None
             ok = True
         finally:
@@ -649,7 +665,8 @@ class SessionManager:
         if not self._closed:
             return
         self._closed = False
-        self.pool = WorkerPool(self.pool.max_workers, name="openenv-env", batch=self.pool.batch)
+        old = self.pool
+        self.pool = WorkerPool(old.max_workers, name="openenv-env", batch=old.batch, max_stuck=old.max_stuck)
         self._temporary_slots = asyncio.Semaphore(self.max_sessions)
 
     async def shutdown(self) -> None:

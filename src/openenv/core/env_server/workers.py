@@ -3,8 +3,9 @@
 Unlike ``loop.run_in_executor`` it hands results back to the event loop with one wake-up for
 however many calls finished meanwhile, its threads are daemons (a hung environment never blocks
 interpreter exit), and a call abandoned by a timeout or a cancelled request does not cost the pool
-a worker for good: a replacement thread is allowed while the stuck one is busy, and the stuck one
-retires when its call finally returns.
+a worker for good: a replacement thread is allowed while the stuck one is busy (up to
+``max_stuck`` replacements, so a hanging environment cannot make threads without bound), and the
+stuck one retires when its call finally returns.
 
 Two details keep a hand-off to a worker and back near the least number of thread switches (one
 sleep of the worker, one more of the loop; ``bench/bench_handoff.py`` measures switches and time
@@ -270,10 +271,17 @@ class WorkerPool:
     lock in the worker.
     """
 
-    def __init__(self, max_workers: int, name: str = "openenv-worker", batch: bool = True) -> None:
+    def __init__(
+        self, max_workers: int, name: str = "openenv-worker", batch: bool = True, max_stuck: Optional[int] = None
+    ) -> None:
         if max_workers < 1:
             raise ValueError("max_workers must be >= 1")
+        if max_stuck is not None and max_stuck < 0:
+            raise ValueError("max_stuck must be >= 0")
         self.max_workers = max_workers
+        self.max_stuck = max_workers if max_stuck is None else max_stuck
+        """Replacement threads allowed beside threads stuck in abandoned calls (0: none, so a pool
+        of one thread stays one thread); beyond that, calls wait for a stuck one to return."""
         self.batch = batch
         self.name = f"{name}-{next(_pool_ids)}"
         self._queue: queue.SimpleQueue[Optional[Job]] = queue.SimpleQueue()
@@ -294,6 +302,15 @@ class WorkerPool:
         """Workers still busy with calls whose callers gave up on them."""
         return self._stuck
 
+    @property
+    def exhausted(self) -> bool:
+        """Every thread the pool may have is stuck in an abandoned call: a new call would wait until
+        one of those returns."""
+        return self._stuck >= self.max_workers + self.max_stuck
+
+    def _allowed(self) -> int:  # under self._lock, or on the loop for a heuristic read
+        return self.max_workers + min(self._stuck, self.max_stuck)
+
     def submit(self, fn: Callable[..., Any], *args: Any) -> Job:
         """Queue ``fn(*args)``; its outcome arrives on ``job.future``, on the calling loop."""
         if self._closed:
@@ -305,7 +322,7 @@ class WorkerPool:
         self._inflight += 1
         self._queue.put(job)
         # Another worker when the calls in flight outnumber the workers, within the bound.
-        if self._inflight > self._threads and self._threads < self.max_workers + self._stuck:
+        if self._inflight > self._threads and self._threads < self._allowed():
             self._spawn()
         return job
 
@@ -321,7 +338,7 @@ class WorkerPool:
 
     def _spawn(self) -> None:
         with self._lock:
-            if self._threads >= self.max_workers + self._stuck:
+            if self._threads >= self._allowed():
                 return
             self._threads += 1
             self._spawned += 1
@@ -380,8 +397,8 @@ class WorkerPool:
                         self._stuck -= 1
                     # A replacement may have taken this thread's place while it was stuck: if so,
                     # retire. A pool of one thread thereby stays one thread (which
-                    # REQUIRES_SINGLE_THREAD_EXECUTOR relies on).
-                    retire = self._threads > self.max_workers + self._stuck
+                    # REQUIRES_SINGLE_THREAD_EXECUTOR relies on, with max_stuck=0).
+                    retire = self._threads > self._allowed()
                     if retire:
                         self._threads -= 1
             job.delivery.push(job)

@@ -28,7 +28,14 @@ from .exceptions import (
     StepTimeoutError,
 )
 from .mcp_types import JsonRpcErrorCode, JsonRpcRequest, JsonRpcResponse, WSMCPMessage
-from .serialization import deserialize_action, dumps_json, observation_payload_json, parse_json, to_json_bytes
+from .serialization import (
+    MAX_JSON_DEPTH,
+    deserialize_action,
+    dumps_json,
+    observation_payload_json,
+    parse_json,
+    to_json_bytes,
+)
 from .sessions import Session, SessionClosedError, SessionKind
 from .types import ResetRequest, WSErrorCode, WSResetMessage, WSStateMessage, WSStepMessage
 
@@ -111,17 +118,96 @@ class ConnectionWatch:
 
 class WSEndpoint:
     """ASGI middleware serving ``/ws`` itself, ahead of the framework's routing and exception
-    wrappers (they would add a layer to every frame sent); everything else passes through."""
+    wrappers (they would add a layer to every frame sent), and bounding HTTP request bodies (size
+    and JSON nesting) before any route reads them; everything else passes through."""
 
     def __init__(self, app: Any, server: HTTPEnvServer) -> None:
         self.app = app
         self.server = server
 
     async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "websocket" and _route_path(scope) == "/ws":
+        kind = scope["type"]
+        if kind == "websocket" and _route_path(scope) == "/ws":
             await WSConnection(self.server, scope, receive, send).run()
+        elif kind == "http" and scope.get("method") in _BODY_METHODS:
+            await self._bounded_body(scope, receive, send)
         else:
             await self.app(scope, receive, send)
+
+    async def _bounded_body(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
+        """Read the request body (refusing it past the message limit, or nested too deeply) and
+        hand it to the app as one message."""
+        limit = self.server.max_message_chars
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = -1
+                if declared > limit:
+                    await _too_large_reply(scope, send, limit)
+                    return
+        chunks = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left: let the app see it
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                await _too_large_reply(scope, send, limit)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        if body.count(b"{") + body.count(b"[") > MAX_JSON_DEPTH:
+            try:
+                parse_json(body)
+            except ValueError as exc:
+                if "nesting" in str(exc):
+                    await _http_error(send, 400, "INVALID_JSON", f"Invalid JSON: {exc}")
+                    return
+                # other decoding errors: the route answers them as it always does
+        replayed = False
+
+        async def replay() -> Dict[str, Any]:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+async def _too_large_reply(scope: Dict[str, Any], send: Any, limit: int) -> None:
+    message = f"Request body exceeds the server's limit of {limit} bytes"
+    if _route_path(scope) == "/mcp":  # a JSON-RPC error, as MCP clients expect
+        error = JsonRpcResponse.error_response(JsonRpcErrorCode.INVALID_REQUEST, message)
+        await _http_reply(send, 413, error.model_dump())
+    else:
+        await _http_error(send, 413, "MESSAGE_TOO_LARGE", message)
+
+
+async def _http_error(send: Any, status: int, code: str, message: str) -> None:
+    await _http_reply(send, status, {"detail": message, "code": code})
+
+
+async def _http_reply(send: Any, status: int, content: Any) -> None:
+    body = to_json_bytes(content)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 def _route_path(scope: Dict[str, Any]) -> str:
