@@ -33,7 +33,7 @@ from .exceptions import (
 )
 from .interfaces import Environment
 from .mcp_endpoint import MCPDispatcher
-from .mcp_types import JsonRpcErrorCode, JsonRpcRequest, JsonRpcResponse
+from .mcp_types import JsonRpcErrorCode, JsonRpcRequest, JsonRpcResponse, request_id_of
 from .serialization import (
     deserialize_action,
     dumps_json,
@@ -401,7 +401,7 @@ class HTTPEnvServer:
             try:
                 rpc = JsonRpcRequest.model_validate(raw)
             except pydantic.ValidationError as exc:
-                request_id = raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), (str, int)) else None
+                request_id = request_id_of(raw)
                 return _rpc(
                     JsonRpcResponse.error_response(
                         JsonRpcErrorCode.INVALID_REQUEST, f"Invalid request: {exc}", None, request_id
@@ -519,7 +519,7 @@ class HTTPEnvServer:
         try:
             rpc = JsonRpcRequest.model_validate(raw)
         except pydantic.ValidationError as exc:
-            request_id = raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), (str, int)) else None
+            request_id = request_id_of(raw)
             return JsonRpcResponse.error_response(
                 JsonRpcErrorCode.INVALID_REQUEST, f"Invalid request: {exc}", None, request_id
             )

@@ -200,10 +200,14 @@ class MCPDispatcher:
 
     async def _call_tool(self, session: Session, params: Dict[str, Any], mcp_dialect: bool) -> Dict[str, Any]:
         name = params.get("name")
-        if not name:
+        if name is None or name == "":
             raise _RpcError(JsonRpcErrorCode.INVALID_PARAMS, "Missing 'name' in params")
-        arguments = params.get("arguments") or {}
-        if not isinstance(arguments, dict):
+        if not isinstance(name, str):
+            raise _RpcError(JsonRpcErrorCode.INVALID_PARAMS, "'name' must be a string")
+        arguments = params.get("arguments")
+        if arguments is None:
+            arguments = {}
+        elif not isinstance(arguments, dict):
             raise _RpcError(JsonRpcErrorCode.INVALID_PARAMS, "'arguments' must be an object")
         assert session.traits is not None
         if not session.traits.mcp:

@@ -20,6 +20,7 @@ from fastmcp import exceptions as fastmcp_errors
 from fastmcp.tools import Tool as FastMCPTool
 
 from ..utils import run_async_safely, timeout_after
+from .exceptions import EnvironmentCallError
 from .interfaces import Environment, Transform
 from .mcp_direct import DirectTool, DirectTools, ToolBodyError, tool_result_payload
 from .mcp_types import (
@@ -222,6 +223,15 @@ class MCPEnvironment(Environment):
         try:
             async with timeout_after(timeout) as scope:
                 return await self._call_tool(name, arguments, as_payload)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            cancelling = getattr(task, "cancelling", None)
+            if cancelling is None or cancelling():  # a real cancellation (Python 3.10: assume so)
+                raise
+            # The tool raised CancelledError itself (a cancelled inner task it awaited, say).
+            raise _failure(EnvironmentCallError(exc), name) from exc
+        except (SystemExit, GeneratorExit) as exc:  # the tool's, not the server's (KeyboardInterrupt is the user's)
+            raise _failure(EnvironmentCallError(exc), name) from exc
         except Exception as exc:
             # Only this deadline is a TIMEOUT: a TimeoutError the tool raised is its own failure, and a
             # cancellation from outside (the server's step timeout, a client gone) is not caught here.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import Enum, IntEnum
 from typing import Any, Dict, List, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .types import Action, BaseMessage, Observation
 
@@ -61,6 +61,20 @@ class JsonRpcRequest(BaseModel):
     method: str
     params: Dict[str, Any] = Field(default_factory=dict)
     id: Union[str, int, None] = None
+
+    @field_validator("id", mode="before")
+    @classmethod
+    def _echoable_id(cls, value: Any) -> Any:
+        # A response carries the request's id unchanged: true must not come back as 1, nor 1.0 as 1.
+        if isinstance(value, (bool, float)):
+            raise ValueError("id must be a string, an integer or null")
+        return value
+
+
+def request_id_of(raw: Any) -> Union[str, int, None]:
+    """The id of a raw (possibly invalid) JSON-RPC request, when it is one a response can carry."""
+    request_id = raw.get("id") if isinstance(raw, dict) else None
+    return request_id if isinstance(request_id, (str, int)) and not isinstance(request_id, bool) else None
 
 
 class JsonRpcResponse(BaseModel):

@@ -451,7 +451,12 @@ class SessionManager:
             self._close_soon(env, job)
 
     def _close_soon(self, env: Any, job: Optional[Job]) -> None:
-        """Close ``env`` in the pool, after ``job`` (a call still running on it) has returned."""
+        """Close ``env`` in the pool, after ``job`` (a call still running on it) has returned, and
+        after a sync MCP tool call given up on that still runs on it."""
+        if job is None or job.done:
+            job = getattr(env, "_abandoned_tool_call", None)
+            if not isinstance(job, Job):
+                job = None
         if job is not None and not job.done:
             self._awaiting_return.add(job)  # shutdown() waits for it
 

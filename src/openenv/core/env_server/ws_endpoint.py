@@ -27,7 +27,7 @@ from .exceptions import (
     SessionNotFoundError,
     StepTimeoutError,
 )
-from .mcp_types import JsonRpcErrorCode, JsonRpcRequest, JsonRpcResponse, WSMCPMessage
+from .mcp_types import JsonRpcErrorCode, JsonRpcRequest, JsonRpcResponse, WSMCPMessage, request_id_of
 from .serialization import (
     MAX_JSON_DEPTH,
     deserialize_action,
@@ -470,11 +470,11 @@ class WSConnection:
             request = JsonRpcRequest.model_validate(data)
         except pydantic.ValidationError as exc:
             response: Optional[JsonRpcResponse] = JsonRpcResponse.error_response(
-                JsonRpcErrorCode.INVALID_REQUEST, f"Invalid request: {exc}", None, data.get("id")
+                JsonRpcErrorCode.INVALID_REQUEST, f"Invalid request: {exc}", None, request_id_of(data)
             )
         else:
             response = await self.server.mcp.dispatch(request, session=self.session, socket_owned=True)
         if response is None:
-            response = JsonRpcResponse.success({}, data.get("id"))
+            response = JsonRpcResponse.success({}, request_id_of(data))
         self.session.touch()  # type: ignore[union-attr]
         return '{"type":"mcp","data":' + dumps_json(response.model_dump()) + "}"

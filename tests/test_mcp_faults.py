@@ -1,0 +1,178 @@
+"""Faulty MCP requests and faulty tools, each found by review and reproduced against a live server
+before it was fixed."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any, List, Optional
+
+import httpx
+import pytest
+from fastmcp import FastMCP
+
+from openenv.core.env_server import mcp_environment
+from openenv.core.env_server.http_server import create_app
+from openenv.core.env_server.mcp_environment import MCPEnvironment
+from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
+from openenv.core.env_server.types import Observation, State
+
+from .conftest import serve, until
+
+
+class Events:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.log: List[tuple] = []
+
+    def add(self, *event: Any) -> None:
+        with self.lock:
+            self.log.append(event)
+
+
+EVENTS = Events()
+
+
+class FaultyToolEnv(MCPEnvironment):
+    """``block`` sleeps in a worker thread; ``cancels`` and ``exits`` raise what tools should not."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self) -> None:
+        mcp = FastMCP("faulty")
+
+        @mcp.tool
+        def block(seconds: float) -> str:
+            """Sleep in the worker, noting whether the environment was closed meanwhile."""
+            EVENTS.add("start", id(self))
+            time.sleep(seconds)
+            EVENTS.add("end", id(self), self.mcp_server is None)
+            return "done"
+
+        @mcp.tool
+        async def cancels() -> str:
+            """Raise CancelledError without being cancelled."""
+            raise asyncio.CancelledError()
+
+        @mcp.tool
+        async def exits() -> str:
+            """Raise SystemExit."""
+            raise SystemExit(3)
+
+        @mcp.tool
+        def add(a: int, b: int = 2) -> int:
+            """Add."""
+            return a + b
+
+        super().__init__(mcp)
+
+    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> Observation:
+        return Observation()
+
+    def _step_impl(self, action: Any, timeout_s: Optional[float] = None, **kwargs: Any) -> Observation:
+        return Observation()
+
+    @property
+    def state(self) -> State:
+        return State()
+
+    def close(self) -> None:
+        EVENTS.add("close", id(self))
+        super().close()
+
+
+def faulty_app(**kwargs: Any) -> Any:
+    kwargs.setdefault("max_concurrent_envs", 4)
+    return create_app(FaultyToolEnv, CallToolAction, CallToolObservation, env_name="faulty", **kwargs)
+
+
+def rpc(http: httpx.Client, method: str, params: Optional[dict] = None, request_id: Any = 1) -> dict:
+    response = http.post("/mcp", json={"jsonrpc": "2.0", "id": request_id, "method": method, "params": params or {}})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+@pytest.fixture(autouse=True)
+def _clear_events() -> None:
+    EVENTS.log.clear()
+
+
+@pytest.mark.parametrize("how", ["stateless", "session-close"])
+async def test_an_environment_is_closed_only_after_its_abandoned_sync_tool_returns(monkeypatch, how):
+    monkeypatch.setattr(mcp_environment, "MCP_TOOL_CALL_TIMEOUT", 0.3)
+    with serve(faulty_app()) as server, httpx.Client(base_url=server.base_url, timeout=10) as http:
+        params: dict = {"name": "block", "arguments": {"seconds": 0.8}}
+        if how == "session-close":
+            params["session_id"] = rpc(http, "openenv/session/create")["result"]["session_id"]
+        reply = rpc(http, "tools/call", params)
+        assert "timed out" in reply["error"]["message"]
+        if how == "session-close":
+            assert rpc(http, "openenv/session/close", {"session_id": params["session_id"]})["result"]["closed"]
+        await until(lambda: any(e[0] == "close" for e in EVENTS.log), timeout=5)
+        kinds = [e[0] for e in EVENTS.log]
+        assert kinds == ["start", "end", "close"], EVENTS.log
+        assert EVENTS.log[1][2] is False  # the tool ran to its end on an open environment
+
+
+@pytest.mark.parametrize("tool", ["cancels", "exits"])
+def test_a_tool_raising_cancelled_error_or_system_exit_is_a_tool_failure(tool):
+    with serve(faulty_app()) as server, httpx.Client(base_url=server.base_url, timeout=10) as http:
+        reply = rpc(http, "tools/call", {"name": tool})
+        assert reply["error"]["code"] == -32603, reply
+        assert rpc(http, "tools/call", {"name": "add", "arguments": {"a": 1}})["result"]["data"] == 3
+
+
+@pytest.fixture(scope="module")
+def faulty_server():
+    with serve(faulty_app()) as server:
+        yield server
+
+
+@pytest.fixture
+def http(faulty_server):
+    with httpx.Client(base_url=faulty_server.base_url, timeout=10) as client:
+        yield client
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"name": {"x": 1}}, "'name' must be a string"),
+        ({"name": ["add"]}, "'name' must be a string"),
+        ({"name": 5}, "'name' must be a string"),
+        ({"name": "add", "arguments": False}, "'arguments' must be an object"),
+        ({"name": "add", "arguments": [1]}, "'arguments' must be an object"),
+    ],
+)
+def test_mistyped_tool_call_params_are_invalid_params(http, params, message):
+    reply = rpc(http, "tools/call", params)
+    assert reply["error"]["code"] == -32602 and reply["error"]["message"] == message
+    assert rpc(http, "tools/call", {"name": "add", "arguments": {"a": 2}})["result"]["data"] == 4
+
+
+@pytest.mark.parametrize("request_id", [True, False, 1.5, [1], {"a": 1}])
+def test_ids_a_response_cannot_echo_are_invalid_requests_answered_with_a_null_id(http, request_id):
+    reply = rpc(http, "tools/list", request_id=request_id)
+    assert reply["error"]["code"] == -32600 and reply["id"] is None
+
+
+@pytest.mark.parametrize("request_id", ["7", 7, None])
+def test_string_and_integer_ids_come_back_as_they_were_sent(http, request_id):
+    assert rpc(http, "ping", request_id=request_id)["id"] == request_id
+
+
+async def test_a_bad_id_on_an_mcp_frame_is_answered_with_an_mcp_frame(faulty_server):
+    import json
+
+    from websockets.asyncio.client import connect
+
+    async with connect(faulty_server.base_url.replace("http://", "ws://") + "/ws") as ws:
+        for request_id in (1.5, [1], True):
+            await ws.send(
+                json.dumps({"type": "mcp", "data": {"jsonrpc": "2.0", "method": "tools/list", "id": request_id}})
+            )
+            frame = json.loads(await ws.recv())
+            assert frame["type"] == "mcp" and frame["data"]["error"]["code"] == -32600 and frame["data"]["id"] is None
+        await ws.send(json.dumps({"type": "mcp", "data": {"jsonrpc": "2.0", "method": "ping", "id": 3}}))
+        assert json.loads(await ws.recv())["data"] == {"jsonrpc": "2.0", "id": 3, "result": {}}
