@@ -145,3 +145,97 @@ def test_request_bodies_nested_past_the_json_depth_limit_are_a_400_like_ws_frame
     assert response.json()["code"] == "INVALID_JSON" and "nesting" in response.json()["detail"]
     shallow = {"action": {"metadata": _deep(MAX_JSON_DEPTH - 5)}}
     assert http.post("/step", json=shallow).status_code == 200
+
+
+async def test_the_state_of_an_async_environment_is_read_off_the_loop_under_the_step_timeout():
+    import asyncio
+    import time
+
+    from .envs import AsyncCounterEnv
+
+    class SlowStateEnv(AsyncCounterEnv):
+        @property
+        def state(self) -> CounterState:
+            time.sleep(0.6)  # a blocking property on an environment whose steps are async
+            return super().state
+
+    app = create_app(SlowStateEnv, CounterAction, CounterObservation, state_cls=CounterState, step_timeout_s=0.2)
+    with serve(app) as server:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=10) as http:
+            state = asyncio.ensure_future(http.get("/state"))
+            await asyncio.sleep(0.05)
+            began = time.monotonic()
+            assert (await http.get("/health")).status_code == 200
+            assert time.monotonic() - began < 0.3  # the loop was not blocked by the property
+            response = await state
+            assert response.status_code == 504 and response.json()["code"] == "TIMEOUT"
+
+
+class OddEnv(CounterEnv):
+    """Task methods and metadata of the wrong kinds; a step taking **kwargs."""
+
+    def list_splits(self) -> Any:
+        return None
+
+    def num_tasks(self, split: str) -> Any:
+        return "three"
+
+    def get_task(self, split: str, index: int) -> Any:
+        return object() if split == "object" else {"score": math.nan}
+
+    def get_task_range(self, split: str, start: Optional[int] = None, stop: Optional[int] = None) -> Any:
+        return 5
+
+    def get_metadata(self) -> Any:
+        return {"name": "odd", "description": "metadata given as a dict"}
+
+    def step(self, action: CounterAction, timeout_s: Optional[float] = None, **kwargs: Any) -> CounterObservation:  # type: ignore[override]
+        observation = super().step(action)
+        observation.metadata = {"extras": sorted(kwargs)}
+        return observation
+
+    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> CounterObservation:  # type: ignore[override]
+        observation = super().reset(seed=seed, episode_id=episode_id)
+        observation.metadata = {"extras": sorted(kwargs)}
+        return observation
+
+
+@pytest.fixture(scope="module")
+def odd_http():
+    app = create_app(OddEnv, CounterAction, CounterObservation, env_name="odd", state_cls=CounterState)
+    with serve(app) as server, httpx.Client(base_url=server.base_url, timeout=10) as client:
+        yield client
+
+
+@pytest.mark.parametrize(
+    ("method", "route", "body", "complaint"),
+    [
+        ("get", "/odd/splits", None, "list_splits() returned NoneType, not a list"),
+        ("post", "/odd/num_tasks", {"split": "train"}, "num_tasks() returned str, not an int"),
+        ("post", "/odd/task_range", {"split": "train"}, "get_task_range() returned int, not a list"),
+        ("post", "/odd/task", {"split": "object", "index": 0}, "not JSON serializable"),
+    ],
+)
+def test_task_methods_returning_the_wrong_kind_are_a_json_500(odd_http, method, route, body, complaint):
+    response = odd_http.request(method, route, json=body)
+    assert response.status_code == 500
+    assert response.json()["code"] == "EXECUTION_ERROR" and complaint in response.json()["detail"]
+
+
+def test_a_task_holding_nan_is_sent_with_null(odd_http):
+    response = odd_http.post("/odd/task", json={"split": "train", "index": 0})
+    assert response.status_code == 200 and strict_json(response.text) == {"task": {"score": None}}
+
+
+def test_metadata_given_as_a_dict_is_served(odd_http):
+    body = odd_http.get("/metadata").json()
+    assert (body["name"], body["description"]) == ("odd", "metadata given as a dict")
+
+
+def test_body_keys_naming_positional_parameters_are_not_passed_to_kwargs(odd_http):
+    response = odd_http.post("/step", json={"action": {}, "self": 1, "action_extra": 2})
+    assert response.status_code == 200, response.text
+    assert response.json()["metadata"] == {"extras": ["action_extra"]}
+    response = odd_http.post("/reset", json={"self": 1, "flavour": "x"})
+    assert response.status_code == 200, response.text
+    assert response.json()["metadata"] == {"extras": ["flavour"]}

@@ -25,6 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from .exceptions import (
+    EnvironmentCallError,
     EnvironmentFactoryError,
     SessionCapacityError,
     SessionCreationError,
@@ -244,7 +245,14 @@ class HTTPEnvServer:
     async def _metadata_of_env(self) -> EnvironmentMetadata:
         if self._metadata is None:
             async with self._target(None) as session:
-                self._metadata = await self.manager.call(session, "get_metadata", lambda env: env.get_metadata())
+                metadata = await self.manager.call(session, "get_metadata", lambda env: env.get_metadata())
+            # an EnvironmentMetadata, or a dict of its fields (upstream's response model takes both)
+            if not isinstance(metadata, EnvironmentMetadata):
+                try:
+                    metadata = EnvironmentMetadata.model_validate(to_jsonable(metadata))
+                except pydantic.ValidationError as exc:  # the environment's fault, not the client's
+                    raise EnvironmentCallError(exc) from exc
+            self._metadata = metadata
         return self._metadata
 
     def schema(self) -> Dict[str, Any]:
@@ -532,7 +540,9 @@ class HTTPEnvServer:
         async def list_environments() -> Any:
             return [server.env_name]
 
-        async def call_task_method(env_name: str, method: str, *args: Any) -> Any:
+        async def call_task_method(env_name: str, method: str, shape: Callable[[Any], Any], *args: Any) -> Any:
+            """Call ``method`` on a fresh environment and ``shape`` its result into the reply; a
+            method that fails, or returns what the reply cannot hold, is a JSON 500."""
             if env_name.lower() != server.env_name.lower():
                 return JSONResponse({"detail": f"unknown environment '{env_name}'"}, status_code=404)
             unsupported = JSONResponse({"detail": f"{method} is not supported for this environment"}, status_code=501)
@@ -547,49 +557,64 @@ class HTTPEnvServer:
                         return unsupported
                     try:
                         if inspect.iscoroutinefunction(fn):
-                            return await server.manager.call(session, method, None, invoke)
-                        return await server.manager.call(session, method, invoke)
+                            result = await server.manager.call(session, method, None, invoke)
+                        else:
+                            result = await server.manager.call(session, method, invoke)
                     except NotImplementedError:
                         return unsupported
                     except IndexError:
                         return JSONResponse({"detail": "Invalid task index"}, status_code=400)
+                return _json_response(shape(_checked_result(method, result)))
 
             return await server._guarded(run)
 
         @app.get("/{env_name}/splits", tags=["Tasks"], summary="Task splits")
         async def splits(env_name: str) -> Any:
-            result = await call_task_method(env_name, "list_splits")
-            if isinstance(result, Response):
-                return result
-            return [_split_entry(s) for s in result]
+            return await call_task_method(env_name, "list_splits", lambda result: [_split_entry(s) for s in result])
 
         @app.post("/{env_name}/tasks", tags=["Tasks"], summary="Tasks of a split")
         async def tasks(env_name: str, request: ListTasksRequest) -> Any:
-            result = await call_task_method(env_name, "list_tasks", request.split)
-            if isinstance(result, Response):
-                return result
-            return {"tasks": to_jsonable(result), "env_name": server.env_name}
+            return await call_task_method(
+                env_name,
+                "list_tasks",
+                lambda result: {"tasks": to_jsonable(result), "env_name": server.env_name},
+                request.split,
+            )
 
         @app.post("/{env_name}/num_tasks", tags=["Tasks"], summary="Number of tasks in a split")
         async def num_tasks(env_name: str, request: NumTasksRequest) -> Any:
-            result = await call_task_method(env_name, "num_tasks", request.split)
-            if isinstance(result, Response):
-                return result
-            return {"num_tasks": int(result)}
+            return await call_task_method(env_name, "num_tasks", lambda result: {"num_tasks": result}, request.split)
 
         @app.post("/{env_name}/task", tags=["Tasks"], summary="One task")
         async def task(env_name: str, request: GetTaskRequest) -> Any:
-            result = await call_task_method(env_name, "get_task", request.split, request.index)
-            if isinstance(result, Response):
-                return result
-            return {"task": to_jsonable(result)}
+            return await call_task_method(
+                env_name, "get_task", lambda result: {"task": to_jsonable(result)}, request.split, request.index
+            )
 
         @app.post("/{env_name}/task_range", tags=["Tasks"], summary="A slice of a split's tasks")
         async def task_range(env_name: str, request: GetTaskRangeRequest) -> Any:
-            result = await call_task_method(env_name, "get_task_range", request.split, request.start, request.stop)
-            if isinstance(result, Response):
-                return result
-            return {"tasks": to_jsonable(result)}
+            return await call_task_method(
+                env_name,
+                "get_task_range",
+                lambda result: {"tasks": to_jsonable(result)},
+                request.split,
+                request.start,
+                request.stop,
+            )
+
+
+_LIST_RESULTS = frozenset({"list_splits", "list_tasks", "get_task_range"})
+
+
+def _checked_result(method: str, result: Any) -> Any:
+    """``result`` of a TaskProvider method, refused (TypeError, a 500) when of the wrong kind."""
+    if method in _LIST_RESULTS:
+        if not isinstance(result, (list, tuple)):
+            raise TypeError(f"{method}() returned {type(result).__name__}, not a list")
+    elif method == "num_tasks":
+        if isinstance(result, bool) or not isinstance(result, int):
+            raise TypeError(f"num_tasks() returned {type(result).__name__}, not an int")
+    return result
 
 
 @contextlib.contextmanager

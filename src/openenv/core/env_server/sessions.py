@@ -57,6 +57,7 @@ DEFAULT_DETACHED_SESSION_TIMEOUT_S = 300.0
 CLOSE_TIMEOUT_S = 30.0
 
 _MCP_ACTIONS = ("list_tools", "call_tool")
+_STEP_POSITIONAL = frozenset({"self", "action"})
 
 
 class SessionState(str, Enum):
@@ -221,9 +222,17 @@ class EnvTraits:
             self.step_kwargs = self.step_kwargs - {"action"}
 
     @staticmethod
-    def filter(kwargs: Dict[str, Any], accepted: Optional[FrozenSet[str]]) -> Dict[str, Any]:
-        if accepted is None or not kwargs:
+    def filter(
+        kwargs: Dict[str, Any], accepted: Optional[FrozenSet[str]], positional: FrozenSet[str] = frozenset({"self"})
+    ) -> Dict[str, Any]:
+        """The ``kwargs`` the method accepts (``accepted``; None: it takes ``**kwargs``), never one
+        naming a parameter that is passed positionally (``self``, a step's ``action``)."""
+        if not kwargs:
             return kwargs
+        if accepted is None:
+            if positional.isdisjoint(kwargs):
+                return kwargs
+            return {k: v for k, v in kwargs.items() if k not in positional}
         return {k: v for k, v in kwargs.items() if k in accepted}
 
 
@@ -614,7 +623,7 @@ class SessionManager:
         traits = session.traits
         assert traits is not None
         if kwargs:
-            kwargs = traits.filter(kwargs, traits.step_kwargs)
+            kwargs = traits.filter(kwargs, traits.step_kwargs, _STEP_POSITIONAL)
             if traits.async_step or (traits.mcp and getattr(action, "type", None) in _MCP_ACTIONS):
                 return self.call(session, "step", None, lambda env: env.step_async(action, **kwargs), step=True)
             return self.call(session, "step", lambda env: env.step(action, **kwargs), step=True)
@@ -623,10 +632,8 @@ class SessionManager:
         return self.call(session, "step", lambda env: env.step(action), step=True)
 
     async def state(self, session: Session) -> Any:
-        traits = session.traits
-        assert traits is not None
-        if traits.async_step or traits.async_reset:
-            return await self.call(session, "state", None, _read_state_async)
+        # ``state`` is a plain property even on async environments and may block (read a file, ask
+        # a subprocess): it is read in the pool, under the step timeout, never on the loop.
         return await self.call(session, "state", _read_state)
 
     # --- idle reaping and shutdown ----------------------------------------------------------
@@ -703,10 +710,6 @@ class SessionManager:
 
 
 def _read_state(env: Any) -> Any:
-    return env.state
-
-
-async def _read_state_async(env: Any) -> Any:
     return env.state
 
 
