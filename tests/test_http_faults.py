@@ -14,7 +14,7 @@ from websockets.asyncio.client import connect
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.serialization import MAX_JSON_DEPTH
 
-from .conftest import serve
+from .conftest import counter_app, serve
 from .envs import CounterAction, CounterEnv, CounterObservation, CounterState
 
 
@@ -239,3 +239,20 @@ def test_body_keys_naming_positional_parameters_are_not_passed_to_kwargs(odd_htt
     response = odd_http.post("/reset", json={"self": 1, "flavour": "x"})
     assert response.status_code == 200, response.text
     assert response.json()["metadata"] == {"extras": ["flavour"]}
+
+
+async def test_stateless_calls_wait_a_bounded_time_for_a_slot_behind_a_slow_one(monkeypatch):
+    import asyncio
+
+    from openenv.core.env_server import sessions
+
+    monkeypatch.setattr(sessions, "TEMPORARY_WAIT_S", 0.3)
+    with serve(counter_app(max_concurrent_envs=1)) as server:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=10) as http:
+            slow = asyncio.ensure_future(http.post("/step", json={"action": {"sleep_s": 1.0}}))
+            await asyncio.sleep(0.1)
+            waiting = await http.post("/step", json={"action": {}})
+            assert waiting.status_code == 503 and waiting.json()["code"] == "CAPACITY_REACHED"
+            assert "stateless" in waiting.json()["detail"]
+            assert (await slow).status_code == 200
+            assert (await http.post("/step", json={"action": {}})).status_code == 200

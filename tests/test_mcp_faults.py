@@ -176,3 +176,101 @@ async def test_a_bad_id_on_an_mcp_frame_is_answered_with_an_mcp_frame(faulty_ser
             assert frame["type"] == "mcp" and frame["data"]["error"]["code"] == -32600 and frame["data"]["id"] is None
         await ws.send(json.dumps({"type": "mcp", "data": {"jsonrpc": "2.0", "method": "ping", "id": 3}}))
         assert json.loads(await ws.recv())["data"] == {"jsonrpc": "2.0", "id": 3, "result": {}}
+
+
+async def test_the_official_mcp_sdk_calls_tools_of_an_environment_answering_them_in_its_own_step():
+    mcp = pytest.importorskip("mcp")
+    from .envs import LegacyToolEnv
+
+    app = create_app(LegacyToolEnv, CallToolAction, CallToolObservation, env_name="legacy")
+    with serve(app) as server:
+        url = server.base_url + "/mcp"
+        if hasattr(mcp, "Client"):  # mcp >= 2
+            async with mcp.Client(url) as client:
+                tools = await client.list_tools()
+                result = await client.call_tool("shout", {"text": "hi"})
+        else:  # mcp 1.x
+            from mcp.client.streamable_http import streamablehttp_client
+
+            async with streamablehttp_client(url) as (read, write, _), mcp.ClientSession(read, write) as client:
+                await client.initialize()
+                tools = await client.list_tools()
+                result = await client.call_tool("shout", {"text": "hi"})
+        assert [t.name for t in tools.tools] == ["shout"]
+        assert result.content[0].text == "HI"
+        assert not (result.is_error if hasattr(result, "is_error") else result.isError)
+        # OpenEnv clients (no MCP headers) still get the observation as it was
+        with httpx.Client(base_url=server.base_url, timeout=10) as http:
+            plain = rpc(http, "tools/call", {"name": "shout", "arguments": {"text": "x"}})["result"]
+            assert plain["result"] == "X" and "content" not in plain
+
+
+@pytest.mark.parametrize(("requested", "answered"), [("2025-06-18", "2025-06-18"), ("1999-01-01", None), (7, None)])
+def test_initialize_answers_a_supported_protocol_version(http, requested, answered):
+    from openenv.core.env_server.mcp_endpoint import LATEST_PROTOCOL_VERSION
+
+    body = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": requested}}
+    response = http.post("/mcp", json=body)
+    assert response.json()["result"]["protocolVersion"] == (answered or LATEST_PROTOCOL_VERSION)
+    session_id = response.headers["mcp-session-id"]
+    assert http.delete("/mcp", headers={"mcp-session-id": session_id}).status_code == 204
+
+
+def test_an_unsupported_protocol_version_header_is_a_400(http):
+    response = http.post(
+        "/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"}, headers={"mcp-protocol-version": "bogus"}
+    )
+    assert response.status_code == 400 and response.json()["error"]["code"] == -32600
+    ok = http.post(
+        "/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"}, headers={"mcp-protocol-version": "2025-06-18"}
+    )
+    assert ok.status_code == 200 and ok.json()["result"] == {}
+
+
+def test_a_notification_method_sent_with_an_id_is_answered(http):
+    response = http.post("/mcp", json={"jsonrpc": "2.0", "id": 7, "method": "notifications/initialized"})
+    assert response.status_code == 200 and response.json() == {"jsonrpc": "2.0", "id": 7, "result": {}}
+    assert http.post("/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"}).status_code == 202
+
+
+class LateReservedEnv(MCPEnvironment):
+    """Registers a tool named ``reset`` after MCPEnvironment checked the names."""
+
+    def __init__(self) -> None:
+        mcp = FastMCP("late")
+
+        @mcp.tool
+        def ok() -> str:
+            """Fine."""
+            return "ok"
+
+        super().__init__(mcp)
+
+        @mcp.tool
+        def reset() -> str:
+            """Reserved."""
+            return "a tool named reset ran"
+
+    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> Observation:  # type: ignore[override]
+        return Observation()
+
+    def _step_impl(self, action: Any, timeout_s: Optional[float] = None, **kwargs: Any) -> Observation:
+        return Observation()
+
+    @property
+    def state(self) -> State:
+        return State()
+
+
+def test_a_tool_with_a_reserved_name_registered_late_is_neither_listed_nor_called():
+    from openenv.core.env_server.mcp_types import ListToolsAction
+
+    app = create_app(LateReservedEnv, CallToolAction, CallToolObservation, env_name="late")
+    with serve(app) as server, httpx.Client(base_url=server.base_url, timeout=10) as http:
+        assert [t["name"] for t in rpc(http, "tools/list")["result"]["tools"]] == ["ok"]
+        refused = rpc(http, "tools/call", {"name": "reset"})
+        assert "reserved" in refused["error"]["message"]
+        assert rpc(http, "tools/call", {"name": "ok"})["result"]["data"] == "ok"
+    env = LateReservedEnv()
+    assert [t.name for t in env.step(ListToolsAction()).tools] == ["ok"]
+    assert env.step(CallToolAction(tool_name="reset")).error is not None

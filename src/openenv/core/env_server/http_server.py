@@ -33,7 +33,7 @@ from .exceptions import (
     StepTimeoutError,
 )
 from .interfaces import Environment
-from .mcp_endpoint import MCPDispatcher
+from .mcp_endpoint import SUPPORTED_PROTOCOL_VERSIONS, MCPDispatcher
 from .mcp_types import JsonRpcErrorCode, JsonRpcRequest, JsonRpcResponse, request_id_of
 from .serialization import (
     deserialize_action,
@@ -416,7 +416,19 @@ class HTTPEnvServer:
                     )
                 )
             header_session = request.headers.get("mcp-session-id")
-            mcp_dialect = "mcp-protocol-version" in request.headers or header_session is not None
+            protocol = request.headers.get("mcp-protocol-version")
+            if protocol is not None and protocol not in SUPPORTED_PROTOCOL_VERSIONS:
+                return _rpc(
+                    JsonRpcResponse.error_response(
+                        JsonRpcErrorCode.INVALID_REQUEST,
+                        f"Unsupported MCP-Protocol-Version {protocol!r}; supported: "
+                        + ", ".join(sorted(SUPPORTED_PROTOCOL_VERSIONS)),
+                        None,
+                        rpc.id,
+                    ),
+                    status=400,
+                )
+            mcp_dialect = protocol is not None or header_session is not None
             session: Optional[Session] = None
             headers: Dict[str, str] = {}
             if header_session:

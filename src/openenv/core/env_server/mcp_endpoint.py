@@ -15,7 +15,6 @@ the MCP specification asks. A ``tools/call`` result carries both key styles: ``c
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any, Callable, Dict, Optional, Type
 
 from .exceptions import (
@@ -34,13 +33,16 @@ from .mcp_types import (
     ListToolsObservation,
     ToolErrorType,
 )
-from .sessions import Session, SessionKind, SessionManager
+from .serialization import dumps_json
+from .sessions import Session, SessionClosedError, SessionKind, SessionManager
 from .types import Action
 
 logger = logging.getLogger("openenv.server")
 
 LATEST_PROTOCOL_VERSION = "2025-11-25"
-_DATE_VERSION = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+SUPPORTED_PROTOCOL_VERSIONS = frozenset({"2024-11-05", "2025-03-26", "2025-06-18", LATEST_PROTOCOL_VERSION})
+"""MCP revisions whose tools subset (initialize, ping, tools/list, tools/call) this server speaks:
+``initialize`` answers the requested one when it is among them, else the latest."""
 
 
 class _RpcError(Exception):
@@ -95,6 +97,8 @@ class MCPDispatcher:
             return JsonRpcResponse.error_response(
                 JsonRpcErrorCode.INTERNAL_ERROR, exc.message, {"code": "TIMEOUT"}, request.id
             )
+        except SessionClosedError as exc:  # closed while this request waited for it: as if unknown
+            return JsonRpcResponse.error_response(JsonRpcErrorCode.INVALID_PARAMS, exc.message, None, request.id)
         except Exception as exc:
             logger.exception("MCP request %s failed", request.method)
             return JsonRpcResponse.error_response(
@@ -145,9 +149,7 @@ class MCPDispatcher:
                 raise _RpcError(JsonRpcErrorCode.INVALID_PARAMS, f"Unknown session_id: {session_id}") from None
         if method == "initialize":
             requested = params.get("protocolVersion")
-            version = (
-                requested if isinstance(requested, str) and _DATE_VERSION.match(requested) else LATEST_PROTOCOL_VERSION
-            )
+            version = requested if requested in SUPPORTED_PROTOCOL_VERSIONS else LATEST_PROTOCOL_VERSION
             return {
                 "protocolVersion": version,
                 "capabilities": {"tools": {"listChanged": False}},
@@ -156,7 +158,8 @@ class MCPDispatcher:
         if method == "ping":
             return {}
         if method.startswith("notifications/"):
-            return _NO_RESPONSE
+            # A notification has no id and gets no response; sent with an id, it is a request.
+            return _NO_RESPONSE if request.id is None else {}
         raise _RpcError(JsonRpcErrorCode.METHOD_NOT_FOUND, f"Method not found: {method}")
 
     async def _on_target(
@@ -214,7 +217,8 @@ class MCPDispatcher:
             if not self._uses_mcp_actions():
                 raise _RpcError(JsonRpcErrorCode.INTERNAL_ERROR, "Environment does not support MCP")
             observation = await self.manager.step(session, CallToolAction(tool_name=name, arguments=arguments))
-            return observation.model_dump(mode="json")
+            dump = observation.model_dump(mode="json")
+            return _as_mcp_result(dump) if mcp_dialect else dump
 
         from .mcp_environment import ToolCallFailed
 
@@ -241,6 +245,25 @@ class MCPDispatcher:
         payload["structuredContent"] = payload["structured_content"]
         payload["isError"] = payload["is_error"]
         return payload
+
+
+def _as_mcp_result(dump: Dict[str, Any]) -> Dict[str, Any]:
+    """An environment's own CallToolObservation, dumped, with the keys an MCP CallToolResult
+    needs (``content``, ``isError``, ``structuredContent`` for an object result) added."""
+    error = dump.get("error")
+    result = dump.get("result")
+    if isinstance(error, dict):
+        text = str(error.get("message") or error)
+    elif error is not None:
+        text = str(error)
+    else:
+        text = result if isinstance(result, str) else dumps_json(result)
+    out = dict(dump)
+    out["content"] = [{"type": "text", "text": text}]
+    out["isError"] = error is not None
+    if isinstance(result, dict):
+        out["structuredContent"] = result
+    return out
 
 
 class _NoResponse:

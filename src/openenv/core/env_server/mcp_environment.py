@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import logging
 from abc import abstractmethod
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional
 
@@ -35,6 +36,8 @@ from .mcp_types import (
 )
 from .types import Action, Observation
 from .workers import WorkerPool
+
+logger = logging.getLogger("openenv.server")
 
 MCP_TOOL_CALL_TIMEOUT = 30.0
 """Seconds a tool call may run when the caller gives no ``timeout_s``."""
@@ -76,6 +79,12 @@ def _failure(exc: BaseException, name: str) -> ToolCallFailed:
         message = f"Error calling tool '{name}': {exc}"
         return ToolCallFailed(ToolError(error_type=ToolErrorType.EXECUTION_ERROR, message=message))
     return ToolCallFailed(_classify(exc, name))
+
+
+def _refuse_reserved(name: str) -> None:
+    if name in RESERVED_TOOL_NAMES:
+        message = f"Tool '{name}' has a reserved name: use the environment's own {name} instead"
+        raise ToolCallFailed(ToolError(error_type=ToolErrorType.TOOL_NOT_FOUND, message=message))
 
 
 def _registered_tool_names(server: FastMCP) -> Optional[List[str]]:
@@ -179,7 +188,10 @@ class MCPEnvironment(Environment):
         """Every tool offered right now, as FastMCP tool objects."""
         mode_tools = self._visible_mode_tools()
         tools = [t for t in await self.mcp_server.list_tools() if t.name not in mode_tools]
-        _check_names([t.name for t in tools])
+        reserved = [t.name for t in tools if t.name in RESERVED_TOOL_NAMES]
+        if reserved:  # registered after __init__ checked the names: not offered (nor callable)
+            logger.warning("not offering MCP tools with reserved names: %s", ", ".join(sorted(reserved)))
+            tools = [t for t in tools if t.name not in RESERVED_TOOL_NAMES]
         return tools + list(mode_tools.values())
 
     async def list_tools_async(self) -> List[Tool]:
@@ -192,6 +204,7 @@ class MCPEnvironment(Environment):
         self, name: str, arguments: Optional[Dict[str, Any]] = None, timeout_s: Optional[float] = None
     ) -> Any:
         """Call a tool and return FastMCP's ``ToolResult``; failures raise :class:`ToolCallFailed`."""
+        _refuse_reserved(name)
         return await self._guarded_call(name, arguments or {}, timeout_s, as_payload=False)
 
     async def call_tool_payload(
@@ -200,6 +213,7 @@ class MCPEnvironment(Environment):
         """Call a tool and return its result as OpenEnv sends it (see :func:`tool_result_payload`);
         failures raise :class:`ToolCallFailed`."""
         arguments = arguments or {}
+        _refuse_reserved(name)
         inline = self._inline_tool(name)
         if inline is not None:  # runs to completion right here: no deadline could interrupt it
             try:

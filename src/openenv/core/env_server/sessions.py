@@ -56,6 +56,10 @@ DEFAULT_DETACHED_SESSION_TIMEOUT_S = 300.0
 
 CLOSE_TIMEOUT_S = 30.0
 
+TEMPORARY_WAIT_S = 30.0
+"""How long a stateless HTTP call waits for one of the ``max_sessions`` slots for such calls
+when the server has no step timeout (with one, it waits up to that)."""
+
 _MCP_ACTIONS = ("list_tools", "call_tool")
 _STEP_POSITIONAL = frozenset({"self", "action"})
 
@@ -506,21 +510,45 @@ class SessionManager:
 
     @contextlib.asynccontextmanager
     async def temporary(self) -> AsyncIterator[Session]:
-        """A throw-away session for one stateless HTTP call (bounded, never counted as a slot)."""
-        async with self._temporary_slots:
-            env = await self._build_env()
-            session = Session("temporary", SessionKind.TEMPORARY)
-            session.env = env
-            session.traits = env_traits(type(env))
-            session.transition(SessionState.READY)
+        """A throw-away session for one stateless HTTP call (bounded, never counted as a slot).
+
+        At most ``max_sessions`` run at once; a call waits for its turn up to the step timeout (or
+        ``TEMPORARY_WAIT_S``), then is refused with SessionCapacityError rather than queue forever
+        behind slow ones."""
+        slots = self._temporary_slots
+        wait = self.step_timeout_s if self.step_timeout_s is not None else TEMPORARY_WAIT_S
+        if slots.locked():
             try:
-                self._prepare(session)
+                await within(slots.acquire(), wait)
+            except asyncio.TimeoutError:
+                raise SessionCapacityError(
+                    self.max_sessions,
+                    self.max_sessions,
+                    f"All {self.max_sessions} slots for stateless calls stayed busy for {wait:g} s; try again later",
+                ) from None
+        else:
+            await slots.acquire()
+        try:
+            async with self._temporary_env() as session:
                 yield session
-            finally:
-                session.transition(SessionState.CLOSING)
-                session.transition(SessionState.CLOSED)
-                if session.env is not None:
-                    self._close_soon(session.env, session.inflight)
+        finally:
+            slots.release()
+
+    @contextlib.asynccontextmanager
+    async def _temporary_env(self) -> AsyncIterator[Session]:
+        env = await self._build_env()
+        session = Session("temporary", SessionKind.TEMPORARY)
+        session.env = env
+        session.traits = env_traits(type(env))
+        session.transition(SessionState.READY)
+        try:
+            self._prepare(session)
+            yield session
+        finally:
+            session.transition(SessionState.CLOSING)
+            session.transition(SessionState.CLOSED)
+            if session.env is not None:
+                self._close_soon(session.env, session.inflight)
 
     # --- calls on a session's environment ---------------------------------------------------
 
