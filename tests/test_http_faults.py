@@ -256,3 +256,22 @@ async def test_stateless_calls_wait_a_bounded_time_for_a_slot_behind_a_slow_one(
             assert "stateless" in waiting.json()["detail"]
             assert (await slow).status_code == 200
             assert (await http.post("/step", json={"action": {}})).status_code == 200
+
+
+async def test_a_client_leaving_a_stateless_call_frees_its_slot_at_once():
+    import asyncio
+    import time
+
+    from .envs import TRACKER
+
+    with serve(counter_app(max_concurrent_envs=1)) as server:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=10) as http:
+            with pytest.raises(httpx.ReadTimeout):
+                await http.post("/step", json={"action": {"sleep_s": 1.0}}, timeout=0.2)  # then hangs up
+            began = time.monotonic()
+            response = await http.post("/step", json={"action": {"delta": 3}})
+            assert response.status_code == 200 and response.json()["observation"]["value"] == 3
+            assert time.monotonic() - began < 0.6  # not queued behind the abandoned call
+            await asyncio.sleep(1.0)
+            assert TRACKER.alive == 0  # the abandoned call's environment closed once it returned
+            assert TRACKER.created == 2

@@ -167,6 +167,10 @@ def test_tools_list_uses_mcp_camel_case(http):
     assert [t["name"] for t in tools] == ["add", "boom", "nap", "peek"]  # simulation mode shows 'peek'
     assert tools[0]["inputSchema"]["properties"]["a"] == {"type": "integer"}
     assert tools[0]["description"] == "Add two numbers."
+    # every key of upstream's entries (the MCP SDK Tool's model_dump), nulls included, and _meta
+    upstream_keys = {"name", "title", "description", "inputSchema", "outputSchema", "icons", "annotations"}
+    assert upstream_keys | {"meta", "execution", "_meta"} <= set(tools[0])
+    assert tools[0]["meta"] == tools[0]["_meta"]
 
 
 def test_tools_call_result_carries_both_key_styles(http):

@@ -10,6 +10,7 @@ call) unless the request names a session created with ``openenv/session/create``
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import inspect
@@ -222,8 +223,39 @@ class HTTPEnvServer:
         async with self.manager.temporary() as session:
             yield session
 
-    async def _guarded(self, operation: Callable[[], Any]) -> Any:
-        """Run a route's work, turning failures into JSON errors with a code."""
+    async def _guarded(self, operation: Callable[[], Any], request: Optional[Request] = None) -> Any:
+        """Run a route's work, turning failures into JSON errors with a code.
+
+        With ``request``, a client that disconnects meanwhile cancels the work (as a WebSocket
+        client leaving mid-step does): its slot is freed at once, and a sync call still running
+        goes on in its worker, the environment closed once it returns."""
+        if request is None:
+            return await self._answer(operation)
+        task = asyncio.current_task()
+        gone = False
+
+        async def watch() -> None:
+            nonlocal gone
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            gone = True
+            if task is not None:
+                task.cancel()
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            return await self._answer(operation)
+        except asyncio.CancelledError:
+            if not gone:
+                raise
+            uncancel = getattr(task, "uncancel", None)
+            if uncancel is not None:  # Python 3.11+
+                uncancel()
+            return Response(status_code=499)  # nobody reads it
+        finally:
+            watcher.cancel()
+
+    async def _answer(self, operation: Callable[[], Any]) -> Any:
         try:
             return await operation()
         except pydantic.ValidationError as exc:
@@ -309,7 +341,7 @@ class HTTPEnvServer:
                 "use the `/ws` WebSocket for stateful episodes."
             ),
         )
-        async def reset(request: Optional[ResetRequest] = Body(default=None)) -> Any:
+        async def reset(http_request: Request, request: Optional[ResetRequest] = Body(default=None)) -> Any:
             kwargs = request.model_dump(exclude_unset=True) if request is not None else {}
             session_id = kwargs.pop("session_id", None)
 
@@ -318,7 +350,7 @@ class HTTPEnvServer:
                     observation = await server.manager.reset(session, kwargs)
                 return _observation_response(ResetResponse, observation)
 
-            return await server._guarded(run)
+            return await server._guarded(run, http_request)
 
         @app.post(
             "/step",
@@ -330,7 +362,7 @@ class HTTPEnvServer:
                 "`session_id`. Action validation errors answer 422 with locations relative to the action."
             ),
         )
-        async def step(request: StepRequest) -> Any:
+        async def step(http_request: Request, request: StepRequest) -> Any:
             kwargs = request.model_dump(exclude_unset=True)
             action_data = kwargs.pop("action")
             session_id = kwargs.pop("session_id", None)
@@ -341,7 +373,7 @@ class HTTPEnvServer:
                     observation = await server.manager.step(session, action, kwargs)
                 return _observation_response(StepResponse, observation)
 
-            return await server._guarded(run)
+            return await server._guarded(run, http_request)
 
         @app.get(
             "/state",
@@ -350,13 +382,13 @@ class HTTPEnvServer:
             summary="Environment state",
             description="The state of a fresh environment, or of the session named by `session_id`.",
         )
-        async def state(session_id: Optional[str] = Query(default=None)) -> Any:
+        async def state(http_request: Request, session_id: Optional[str] = Query(default=None)) -> Any:
             async def run() -> Any:
                 async with server._target(session_id) as session:
                     value = await server.manager.state(session)
                 return _json_response(value)
 
-            return await server._guarded(run)
+            return await server._guarded(run, http_request)
 
     def _register_info_routes(self, app: FastAPI) -> None:
         server = self

@@ -54,7 +54,14 @@ class _RpcError(Exception):
 
 
 def _tool_listing(tool: Any) -> Dict[str, Any]:
-    return tool.to_mcp_tool().model_dump(mode="json", by_alias=True, exclude_none=True)
+    """A tools/list entry: the MCP ``Tool`` with its wire names (``inputSchema``, ``_meta``) and
+    its empty fields as null, plus ``meta``, so that it carries every key upstream sends
+    (name, title, description, inputSchema, outputSchema, icons, annotations, meta, execution)."""
+    entry = tool.to_mcp_tool().model_dump(mode="json", by_alias=True)
+    entry.setdefault("meta", entry.get("_meta"))
+    for key in ("title", "description", "outputSchema", "icons", "annotations", "execution"):
+        entry.setdefault(key, None)
+    return entry
 
 
 class MCPDispatcher:
