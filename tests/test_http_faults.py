@@ -8,6 +8,7 @@ import math
 from typing import Any, Optional
 
 import httpx
+import pydantic
 import pytest
 from websockets.asyncio.client import connect
 
@@ -275,3 +276,99 @@ async def test_a_client_leaving_a_stateless_call_frees_its_slot_at_once():
             await asyncio.sleep(1.0)
             assert TRACKER.alive == 0  # the abandoned call's environment closed once it returned
             assert TRACKER.created == 2
+
+
+async def test_a_client_leaving_a_slow_call_on_a_single_thread_environment_delays_others_not_refuses_them():
+    import asyncio
+
+    from .envs import SingleThreadEnv
+
+    with serve(counter_app(SingleThreadEnv, max_concurrent_envs=1)) as server:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=10) as http:
+            with pytest.raises(httpx.ReadTimeout):
+                await http.post("/step", json={"action": {"sleep_s": 0.8}}, timeout=0.2)
+            response = await http.post("/step", json={"action": {"delta": 2}})  # waits for the thread
+            assert response.status_code == 200 and response.json()["observation"]["value"] == 2
+            await asyncio.sleep(0)
+
+
+async def test_a_client_leaving_a_call_on_a_named_session_lets_it_finish():
+    import asyncio
+
+    from .envs import AsyncCounterEnv
+
+    class TwoPhaseEnv(AsyncCounterEnv):
+        async def step_async(self, action: CounterAction, timeout_s: Optional[float] = None) -> CounterObservation:  # type: ignore[override]
+            self._state.value += 100  # half a move: undone below, unless interrupted
+            await asyncio.sleep(action.sleep_s)
+            self._state.value -= 100
+            return self.step(action.model_copy(update={"sleep_s": 0.0}))
+
+    app = create_app(TwoPhaseEnv, CounterAction, CounterObservation, state_cls=CounterState, max_concurrent_envs=2)
+    with serve(app) as server:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=10) as http:
+            create = {"jsonrpc": "2.0", "method": "openenv/session/create", "id": 1}
+            session_id = (await http.post("/mcp", json=create)).json()["result"]["session_id"]
+            await http.post("/reset", json={"session_id": session_id})
+            with pytest.raises(httpx.ReadTimeout):
+                await http.post("/step", json={"session_id": session_id, "action": {"sleep_s": 0.6}}, timeout=0.2)
+            await asyncio.sleep(0.7)
+            state = (await http.get("/state", params={"session_id": session_id})).json()
+            assert (state["value"], state["step_count"]) == (1, 1)  # the step ran to its end
+
+
+class OddBody(pydantic.BaseModel):
+    n: int
+
+    @pydantic.field_validator("n")
+    @classmethod
+    def odd(cls, value: int) -> int:
+        if value % 2 == 0:
+            raise ValueError("n must be odd")
+        return value
+
+
+def test_a_validator_error_on_an_apps_own_route_is_still_a_422():
+    app = counter_app()
+
+    @app.post("/odd")
+    async def odd(body: OddBody) -> dict:
+        return {"n": body.n}
+
+    with serve(app) as server, httpx.Client(base_url=server.base_url, timeout=10) as http:
+        response = http.post("/odd", json={"n": 2})
+        assert response.status_code == 422 and "n must be odd" in response.text
+        assert http.post("/odd", json={"n": 3}).json() == {"n": 3}
+
+
+def test_task_methods_may_return_numpy_arrays_and_integers():
+    np = pytest.importorskip("numpy")
+
+    class NumpyTasks(CounterEnv):
+        def num_tasks(self, split: str) -> Any:
+            return np.int64(3)
+
+        def list_tasks(self, split: str) -> Any:
+            return np.arange(3)
+
+        def get_task_range(self, split: str, start: Optional[int] = None, stop: Optional[int] = None) -> Any:
+            return np.arange(3)[start:stop]
+
+    app = create_app(NumpyTasks, CounterAction, CounterObservation, env_name="np", state_cls=CounterState)
+    with serve(app) as server, httpx.Client(base_url=server.base_url, timeout=10) as http:
+        assert http.post("/np/num_tasks", json={"split": "train"}).json() == {"num_tasks": 3}
+        assert http.post("/np/tasks", json={"split": "train"}).json()["tasks"] == [0, 1, 2]
+        assert http.post("/np/task_range", json={"split": "train", "start": 1}).json() == {"tasks": [1, 2]}
+
+
+@pytest.mark.parametrize("levels", [250, 400])
+def test_bodies_nested_past_the_json_parsers_own_limit_are_refused_too(http, levels):
+    response = http.post("/step", json={"action": {"metadata": _deep(levels)}})
+    assert response.status_code == 400 and response.json()["code"] == "INVALID_JSON"
+
+
+def test_a_deeply_nested_mcp_body_is_a_json_rpc_parse_error():
+    with serve(fault_app()) as server, httpx.Client(base_url=server.base_url, timeout=10) as http:
+        body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": _deep(MAX_JSON_DEPTH + 5)}
+        response = http.post("/mcp", json=body)
+        assert response.status_code == 200 and response.json()["error"]["code"] == -32700

@@ -271,10 +271,11 @@ async def test_a_single_thread_environment_stays_on_one_thread_after_a_step_time
             await ask(ws, {"type": "reset"})
             assert (await ask(ws, {"type": "step", "data": {"sleep_s": 0.6}}))["data"]["code"] == "TIMEOUT"
             TRACKER.threads = set()
-            # no replacement thread: while the stuck step runs, calls are refused at once
-            refused = await ask(ws, {"type": "step", "data": {}})
-            assert refused["data"]["code"] == "TIMEOUT" and "not started" in refused["data"]["message"]
-            await asyncio.sleep(0.5)  # the stuck step returns; its thread serves again
+            # no replacement thread: while the stuck step runs, the next call waits for its thread
+            # (within the step timeout: it may time out waiting, "not started", or get its turn)
+            waited = await ask(ws, {"type": "step", "data": {}})
+            assert waited["type"] == "observation" or "not started" in waited["data"]["message"], waited
+            await asyncio.sleep(0.5)  # the stuck step has returned; its thread serves
             for _ in range(30):
                 await ask(ws, {"type": "step", "data": {}})
                 await asyncio.sleep(0.005)
@@ -393,3 +394,110 @@ async def test_hanging_calls_cost_a_bounded_number_of_threads_and_instances():
             assert ok.status_code == 200 and ok.json()["observation"]["value"] == 2
         await until(lambda: TRACKER.alive == 0, timeout=5)
         assert manager.pool.threads <= 2
+
+
+class _PlainEnv:
+    """A minimal environment for SessionManager tests: ``step(seconds)`` sleeps."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+    closed: list = []
+
+    def reset(self, **kwargs: Any) -> None:
+        return None
+
+    def step(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    @property
+    def state(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        type(self).closed.append(id(self))
+
+
+class _SingleThreadPlainEnv(_PlainEnv):
+    REQUIRES_SINGLE_THREAD_EXECUTOR = True
+    closed: list = []
+
+
+async def test_a_close_waiting_behind_stuck_workers_is_not_skipped(monkeypatch):
+    monkeypatch.setattr(sessions_module, "CLOSE_TIMEOUT_S", 0.3)
+    _SingleThreadPlainEnv.closed = []
+    manager = SessionManager(_SingleThreadPlainEnv, max_sessions=2, step_timeout_s=0.2)
+    a = await manager.create()
+    b = await manager.create()
+    with pytest.raises(sessions_module.StepTimeoutError):
+        await manager.step(a, 1.2)  # its one thread is stuck for a second
+    assert manager.pool.exhausted
+    await manager.destroy(b)  # b's close waits for that thread, past CLOSE_TIMEOUT_S
+    await until(lambda: len(_SingleThreadPlainEnv.closed) == 2, timeout=5)  # a's (discarded) and b's
+    await manager.shutdown()
+
+
+async def test_a_call_that_waited_for_a_worker_past_the_timeout_leaves_the_environment_alone():
+    manager = SessionManager(_SingleThreadPlainEnv, max_sessions=2, step_timeout_s=0.2)
+    a = await manager.create()
+    b = await manager.create()
+    env_b = b.env
+    with pytest.raises(sessions_module.StepTimeoutError):
+        await manager.step(a, 0.8)
+    with pytest.raises(sessions_module.WorkersStuckError, match="not started"):
+        await manager.step(b, 0.0)  # queued behind the stuck thread, never started
+    assert b.env is env_b  # not discarded: nothing ran on it
+    await until(lambda: manager.pool.stuck == 0, timeout=5)
+    await manager.step(b, 0.0)
+    assert b.env is env_b
+    await manager.shutdown()
+
+
+def test_a_manager_served_again_does_not_wait_at_shutdown_for_the_previous_loops_calls(monkeypatch):
+    monkeypatch.setattr(sessions_module, "CLOSE_TIMEOUT_S", 2.0)
+    manager = SessionManager(_PlainEnv, max_sessions=2)
+
+    async def first() -> None:
+        session = await manager.create()
+        step = asyncio.ensure_future(manager.step(session, 1.0))
+        await asyncio.sleep(0.1)
+        step.cancel()  # the caller leaves mid-step
+        await asyncio.gather(step, return_exceptions=True)
+        await manager.destroy(session)
+        assert manager._awaiting_return  # closed once that call returns
+        manager._closed = True  # as if shut down without waiting (the loop is going away)
+
+    async def second() -> float:
+        manager.reopen()
+        began = time.monotonic()
+        await manager.shutdown()
+        return time.monotonic() - began
+
+    asyncio.run(first())
+    assert asyncio.run(second()) < 1.0
+
+
+async def test_an_async_call_interrupted_halfway_discards_the_sessions_environment():
+    """A detached session's async step cancelled halfway (its socket dropped) may have left the
+    instance inconsistent: it is discarded like a timed-out one, not reused."""
+    from .envs import AsyncCounterEnv
+
+    class TwoPhaseEnv(AsyncCounterEnv):
+        async def step_async(self, action: CounterAction, timeout_s: Optional[float] = None) -> CounterObservation:  # type: ignore[override]
+            self._state.value += 100
+            await asyncio.sleep(action.sleep_s)
+            self._state.value -= 100
+            return self.step(action.model_copy(update={"sleep_s": 0.0}))
+
+    manager = SessionManager(TwoPhaseEnv, max_sessions=1)
+    session = await manager.create(SessionKind.DETACHED)
+    await manager.reset(session, {})
+    first_env = session.env
+    step = asyncio.ensure_future(manager.step(session, CounterAction(sleep_s=1.0)))
+    await asyncio.sleep(0.1)
+    step.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await step
+    assert session.env is None
+    await until(lambda: first_env._closed)
+    observation = await manager.step(session, CounterAction(delta=2))
+    assert observation.value == 2  # a fresh instance, not 102
+    await manager.shutdown()

@@ -17,11 +17,13 @@ import inspect
 import json
 import logging
 import math
+import operator
 import os
 from typing import Any, AsyncIterator, Callable, Dict, Iterator, Optional, Type, Union
 
 import pydantic
 from fastapi import Body, FastAPI, Query, Request, WebSocket
+from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
@@ -95,7 +97,7 @@ def _json_response(content: Any, status: int = 200) -> Response:
 
 async def _request_validation_error(request: Request, exc: RequestValidationError) -> Response:
     """FastAPI's 422 for an invalid request body, in the same shape, but able to echo NaN inputs."""
-    return _json_response({"detail": to_jsonable(exc.errors())}, status=422)
+    return _json_response({"detail": jsonable_encoder(exc.errors())}, status=422)
 
 
 def _error(status: int, code: str, message: str) -> JSONResponse:
@@ -226,9 +228,10 @@ class HTTPEnvServer:
     async def _guarded(self, operation: Callable[[], Any], request: Optional[Request] = None) -> Any:
         """Run a route's work, turning failures into JSON errors with a code.
 
-        With ``request``, a client that disconnects meanwhile cancels the work (as a WebSocket
-        client leaving mid-step does): its slot is freed at once, and a sync call still running
-        goes on in its worker, the environment closed once it returns."""
+        With ``request`` (a stateless call), a client that disconnects meanwhile cancels the work:
+        its slot is freed at once, and a sync call still running goes on in its worker, the
+        environment closed once it returns. Calls on a named session are left to finish, so its
+        environment is never left halfway through one."""
         if request is None:
             return await self._answer(operation)
         task = asyncio.current_task()
@@ -350,7 +353,7 @@ class HTTPEnvServer:
                     observation = await server.manager.reset(session, kwargs)
                 return _observation_response(ResetResponse, observation)
 
-            return await server._guarded(run, http_request)
+            return await server._guarded(run, None if session_id else http_request)
 
         @app.post(
             "/step",
@@ -373,7 +376,7 @@ class HTTPEnvServer:
                     observation = await server.manager.step(session, action, kwargs)
                 return _observation_response(StepResponse, observation)
 
-            return await server._guarded(run, http_request)
+            return await server._guarded(run, None if session_id else http_request)
 
         @app.get(
             "/state",
@@ -388,7 +391,7 @@ class HTTPEnvServer:
                     value = await server.manager.state(session)
                 return _json_response(value)
 
-            return await server._guarded(run, http_request)
+            return await server._guarded(run, None if session_id else http_request)
 
     def _register_info_routes(self, app: FastAPI) -> None:
         server = self
@@ -651,13 +654,21 @@ _LIST_RESULTS = frozenset({"list_splits", "list_tasks", "get_task_range"})
 
 
 def _checked_result(method: str, result: Any) -> Any:
-    """``result`` of a TaskProvider method, refused (TypeError, a 500) when of the wrong kind."""
+    """``result`` of a TaskProvider method, refused (TypeError, a 500) when of the wrong kind;
+    numpy arrays and integers count as lists and ints."""
     if method in _LIST_RESULTS:
+        to_list = getattr(result, "tolist", None)
+        if callable(to_list) and not isinstance(result, (list, tuple)):
+            result = to_list()
         if not isinstance(result, (list, tuple)):
             raise TypeError(f"{method}() returned {type(result).__name__}, not a list")
     elif method == "num_tasks":
-        if isinstance(result, bool) or not isinstance(result, int):
-            raise TypeError(f"num_tasks() returned {type(result).__name__}, not an int")
+        if isinstance(result, bool):
+            raise TypeError("num_tasks() returned bool, not an int")
+        try:
+            result = operator.index(result)
+        except TypeError:
+            raise TypeError(f"num_tasks() returned {type(result).__name__}, not an int") from None
     return result
 
 

@@ -81,6 +81,40 @@ def _failure(exc: BaseException, name: str) -> ToolCallFailed:
     return ToolCallFailed(_classify(exc, name))
 
 
+_HAS_CANCELLING = hasattr(asyncio.Task, "cancelling")  # Python 3.11+
+
+
+class _ToolCancelled(Exception):
+    """Python 3.10: a tool raised CancelledError without its task being cancelled."""
+
+    def __str__(self) -> str:
+        return "the tool raised CancelledError"
+
+
+async def _own_task(coro: Any) -> Any:
+    """Python 3.10, which cannot tell a task's cancellation from a CancelledError raised inside
+    it: run ``coro`` in a task of its own; a cancellation of the caller cancels it and propagates,
+    while one the tool raised itself comes back as _ToolCancelled."""
+    inner = asyncio.ensure_future(_no_exit(coro))
+    try:
+        await asyncio.wait([inner])
+    except asyncio.CancelledError:
+        inner.cancel()
+        with contextlib.suppress(BaseException):  # let it unwind (a sync call it ran is recorded)
+            await asyncio.wait([inner])
+        raise
+    if inner.cancelled():
+        raise _ToolCancelled()
+    return inner.result()
+
+
+async def _no_exit(coro: Any) -> Any:
+    try:
+        return await coro
+    except SystemExit as exc:  # raised in a task, it would stop the event loop
+        raise EnvironmentCallError(exc) from exc
+
+
 def _refuse_reserved(name: str) -> None:
     if name in RESERVED_TOOL_NAMES:
         message = f"Tool '{name}' has a reserved name: use the environment's own {name} instead"
@@ -236,15 +270,15 @@ class MCPEnvironment(Environment):
         timeout = timeout_s or MCP_TOOL_CALL_TIMEOUT
         try:
             async with timeout_after(timeout) as scope:
-                return await self._call_tool(name, arguments, as_payload)
+                if _HAS_CANCELLING:
+                    return await self._call_tool(name, arguments, as_payload)
+                return await _own_task(self._call_tool(name, arguments, as_payload))
         except asyncio.CancelledError as exc:
-            task = asyncio.current_task()
-            cancelling = getattr(task, "cancelling", None)
-            if cancelling is None or cancelling():  # a real cancellation (Python 3.10: assume so)
-                raise
+            if not _HAS_CANCELLING or asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                raise  # a real cancellation (on 3.10 _own_task turned the tool's own into ToolCancelled)
             # The tool raised CancelledError itself (a cancelled inner task it awaited, say).
             raise _failure(EnvironmentCallError(exc), name) from exc
-        except (SystemExit, GeneratorExit) as exc:  # the tool's, not the server's (KeyboardInterrupt is the user's)
+        except (SystemExit, _ToolCancelled) as exc:  # the tool's, not the server's (KeyboardInterrupt is the user's)
             raise _failure(EnvironmentCallError(exc), name) from exc
         except Exception as exc:
             # Only this deadline is a TIMEOUT: a TimeoutError the tool raised is its own failure, and a
@@ -286,8 +320,7 @@ class MCPEnvironment(Environment):
         try:
             return await job.future
         except asyncio.CancelledError:
-            pool.abandon(job)
-            if not job.done:
+            if pool.abandon(job) and not job.done:  # started and still running on this instance
                 self._abandoned_tool_call = job
             raise
 

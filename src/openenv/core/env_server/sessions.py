@@ -299,6 +299,7 @@ class SessionManager:
         self._temporary_slots = asyncio.Semaphore(max_sessions)
         self._background: Set[asyncio.Task] = set()
         self._awaiting_return: Set[Job] = set()  # calls whose environment is closed once they return
+        self._max_backlog = 2 * max_sessions + 8  # calls that may wait while every worker is stuck
         self._reaper: Optional[asyncio.Task] = None
         self._closed = False
         self.prepare: Optional[Callable[[Session], None]] = None
@@ -340,8 +341,11 @@ class SessionManager:
             raise ConcurrencyConfigurationError(cls.__name__, self.max_sessions)
 
     def _check_workers(self, operation: str) -> None:
-        if self.pool.exhausted:
-            raise WorkersStuckError(operation, self.step_timeout_s, self.pool.stuck)
+        """Refuse a call when every worker is stuck and enough calls already wait for one (each
+        session has at most one waiting; the rest are stateless calls or ones given up on)."""
+        pool = self.pool
+        if pool.exhausted and pool.backlog >= self._max_backlog:
+            raise WorkersStuckError(operation, self.step_timeout_s, pool.stuck)
 
     async def _build_env(self) -> Any:
         self._check_workers("environment construction")
@@ -372,7 +376,11 @@ class SessionManager:
             if self.step_timeout_s is None:
                 return await job.future
             return await _with_timeout(job.future, self.step_timeout_s, operation)
-        except (asyncio.CancelledError, StepTimeoutError):
+        except StepTimeoutError:
+            if not self.pool.abandon(job):  # it waited for a worker all along
+                raise WorkersStuckError(operation, self.step_timeout_s, self.pool.stuck) from None
+            raise
+        except asyncio.CancelledError:
             self.pool.abandon(job)
             raise
 
@@ -488,7 +496,15 @@ class SessionManager:
         job: Optional[Job] = None
         try:
             job = self.pool.submit(close)
-            await within(asyncio.shield(job.future), CLOSE_TIMEOUT_S)
+            while True:
+                try:
+                    await within(asyncio.shield(job.future), CLOSE_TIMEOUT_S)
+                    return
+                except asyncio.TimeoutError:
+                    if job.started:
+                        raise
+                    # every worker is busy (stuck ones, say): wait on, a close must not be skipped
+                    logger.warning("%s.close() still waits for a free worker", type(env).__name__)
         except asyncio.TimeoutError:
             logger.warning("%s.close() did not return within %.0f s", type(env).__name__, CLOSE_TIMEOUT_S)
             if job is not None:
@@ -588,6 +604,11 @@ class SessionManager:
                 except StepTimeoutError:
                     self._discard_env(session)
                     raise
+                except asyncio.CancelledError:
+                    # Interrupted halfway (a client gone, a shutdown): its state is unknown.
+                    if session.kind is not SessionKind.TEMPORARY:
+                        self._discard_env(session)
+                    raise
                 except SystemExit as exc:  # re-raised in a task, it would stop the event loop
                     raise EnvironmentCallError(exc) from exc
                 except pydantic.ValidationError as exc:  # the environment's, not the client's input
@@ -602,12 +623,15 @@ class SessionManager:
                     else:
                         result = await _with_timeout(job.future, timeout, operation)
                 except StepTimeoutError:
-                    self.pool.abandon(job)
+                    if not self.pool.abandon(job):  # it waited for a worker all along: env untouched
+                        session.inflight = None
+                        raise WorkersStuckError(operation, timeout, self.pool.stuck) from None
                     self._discard_env(session)
                     raise
                 except asyncio.CancelledError:
-                    self.pool.abandon(job)  # session.inflight stays: the next call waits for it
-                    raise
+                    if not self.pool.abandon(job):  # it will be skipped: nothing to wait for
+                        session.inflight = None
+                    raise  # else session.inflight stays: the next call waits for it
                 except pydantic.ValidationError as exc:  # the environment's, not the client's input
                     session.inflight = None
                     raise EnvironmentCallError(exc) from exc
@@ -705,6 +729,7 @@ class SessionManager:
         if not self._closed:
             return
         self._closed = False
+        self._awaiting_return.clear()  # calls of the previous loop: nothing here can wait for them
         old = self.pool
         self.pool = WorkerPool(old.max_workers, name="openenv-env", batch=old.batch, max_stuck=old.max_stuck)
         self._temporary_slots = asyncio.Semaphore(self.max_sessions)
@@ -725,7 +750,10 @@ class SessionManager:
                 CLOSE_TIMEOUT_S,
                 len(self._awaiting_return),
             )
-            await asyncio.wait([job.when_done() for job in self._awaiting_return], timeout=CLOSE_TIMEOUT_S)
+            loop = asyncio.get_running_loop()
+            mine = [job for job in self._awaiting_return if job.future.get_loop() is loop]
+            if mine:
+                await asyncio.wait([job.when_done() for job in mine], timeout=CLOSE_TIMEOUT_S)
         if self._background:
             await asyncio.wait(set(self._background), timeout=CLOSE_TIMEOUT_S)
         if self._awaiting_return:

@@ -112,6 +112,8 @@ class Job:
         if not fut.done():
             if ok:
                 fut.set_result(value)
+            elif isinstance(value, asyncio.CancelledError):  # skipped: nobody wants a result
+                fut.cancel()
             else:
                 fut.set_exception(value)  # one a future accepts: see _deliverable
         callbacks, self._callbacks = self._callbacks, None
@@ -304,9 +306,15 @@ class WorkerPool:
 
     @property
     def exhausted(self) -> bool:
-        """Every thread the pool may have is stuck in an abandoned call: a new call would wait until
+        """Every thread the pool may have is stuck in an abandoned call: a new call waits until
         one of those returns."""
         return self._stuck >= self.max_workers + self.max_stuck
+
+    @property
+    def backlog(self) -> int:
+        """Calls submitted and neither finished nor stuck (running, or waiting in the queue,
+        including ones given up on before they started, which are skipped when reached)."""
+        return max(0, self._inflight - self._stuck)
 
     def _allowed(self) -> int:  # under self._lock, or on the loop for a heuristic read
         return self.max_workers + min(self._stuck, self.max_stuck)
@@ -354,20 +362,25 @@ class WorkerPool:
             self.abandon(job)
             raise
 
-    def abandon(self, job: Job) -> None:
+    def abandon(self, job: Job) -> bool:
         """The caller stopped waiting for ``job``: if it is running, allow a replacement worker.
 
-        Call it on the loop's thread."""
-        if job.abandoned or job.done:
-            return
+        Returns whether the call started (it runs on, or ran); one that had not is skipped. Call
+        it on the loop's thread."""
+        if job.done:
+            return job.started
+        if job.abandoned:
+            return job.counted_stuck or job.started
         job.abandoned = True  # written before `started` and `returned` are read: see _work
         with self._lock:
-            stuck = job.started and job.returned is None
+            started = job.started
+            stuck = started and job.returned is None
             if stuck:
                 job.counted_stuck = True
                 self._stuck += 1
         if stuck and self._inflight > self._threads:
             self._spawn()
+        return started
 
     def _work(self) -> None:
         if self.batch:

@@ -151,8 +151,8 @@ class WSEndpoint:
         size = 0
         while True:
             message = await receive()
-            if message["type"] != "http.request":  # the client left: let the app see it
-                break
+            if message["type"] != "http.request":  # the client left mid-body: nobody to answer
+                return
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
@@ -162,12 +162,13 @@ class WSEndpoint:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
-        if body.count(b"{") + body.count(b"[") > MAX_JSON_DEPTH:
+        if body.count(b"{") + body.count(b"[") > MAX_JSON_DEPTH and _route_path(scope) not in _OWN_JSON_ROUTES:
             try:
                 parse_json(body)
             except ValueError as exc:
-                if "nesting" in str(exc):
-                    await _http_error(send, 400, "INVALID_JSON", f"Invalid JSON: {exc}")
+                reason = str(exc)
+                if "nesting" in reason or "recursion" in reason:  # ours, or pydantic-core's own limit
+                    await _http_error(send, 400, "INVALID_JSON", f"Invalid JSON: {reason}")
                     return
                 # other decoding errors: the route answers them as it always does
         replayed = False
@@ -183,6 +184,7 @@ class WSEndpoint:
 
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+_OWN_JSON_ROUTES = frozenset({"/mcp"})  # parses (depth-checked) itself, answering in JSON-RPC
 
 
 async def _too_large_reply(scope: Dict[str, Any], send: Any, limit: int) -> None:
