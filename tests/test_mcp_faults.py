@@ -61,6 +61,11 @@ class FaultyToolEnv(MCPEnvironment):
             raise SystemExit(3)
 
         @mcp.tool
+        async def generator_exit() -> str:
+            """Raise GeneratorExit."""
+            raise GeneratorExit()
+
+        @mcp.tool
         def add(a: int, b: int = 2) -> int:
             """Add."""
             return a + b
@@ -115,7 +120,7 @@ async def test_an_environment_is_closed_only_after_its_abandoned_sync_tool_retur
         assert EVENTS.log[1][2] is False  # the tool ran to its end on an open environment
 
 
-@pytest.mark.parametrize("tool", ["cancels", "exits"])
+@pytest.mark.parametrize("tool", ["cancels", "exits", "generator_exit"])
 def test_a_tool_raising_cancelled_error_or_system_exit_is_a_tool_failure(tool):
     with serve(faulty_app()) as server, httpx.Client(base_url=server.base_url, timeout=10) as http:
         reply = rpc(http, "tools/call", {"name": tool})

@@ -145,8 +145,8 @@ async def test_a_close_that_never_returns_does_not_take_the_pools_only_worker(mo
             manager = manager_of(server)
             async with connect(ws_url(server)) as ws:
                 await ask(ws, {"type": "reset"})
-            await asyncio.sleep(0.6)  # the close has run past its timeout
-            assert manager.pool.stuck == 1
+            # the close runs past its timeout (one to two windows of CLOSE_TIMEOUT_S after it started)
+            await until(lambda: manager.pool.stuck == 1, timeout=3)
             async with connect(ws_url(server)) as ws:  # served by a replacement worker
                 assert (await ask(ws, {"type": "reset"}))["type"] == "observation"
                 assert (await ask(ws, {"type": "step", "data": {}}))["data"]["observation"]["value"] == 1
@@ -500,4 +500,26 @@ async def test_an_async_call_interrupted_halfway_discards_the_sessions_environme
     await until(lambda: first_env._closed)
     observation = await manager.step(session, CounterAction(delta=2))
     assert observation.value == 2  # a fresh instance, not 102
+    await manager.shutdown()
+
+
+async def test_a_close_that_starts_late_in_its_window_gets_a_full_one(monkeypatch, caplog):
+    monkeypatch.setattr(sessions_module, "CLOSE_TIMEOUT_S", 0.3)
+
+    class SlowClose(_SingleThreadPlainEnv):
+        def close(self) -> None:
+            time.sleep(0.2)
+            super().close()
+
+    SlowClose.closed = []
+    manager = SessionManager(SlowClose, max_sessions=2)
+    a = await manager.create()
+    b = await manager.create()
+    busy = asyncio.ensure_future(manager.step(a, 0.25))  # the one thread is busy (not stuck)
+    await asyncio.sleep(0.02)
+    await manager.destroy(b)  # its close starts at ~0.25 s and takes 0.2 s: past the first window
+    await busy
+    await until(lambda: len(SlowClose.closed) == 1, timeout=3)
+    assert manager.pool.stuck == 0
+    assert "did not return" not in caplog.text
     await manager.shutdown()

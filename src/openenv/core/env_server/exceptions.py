@@ -77,17 +77,23 @@ class StepTimeoutError(OpenEnvError, TimeoutError):
 
 
 class WorkersStuckError(StepTimeoutError):
-    """A call was not started because every worker thread the server may use is still inside an
-    earlier call that was given up on (past the step timeout, or its client left); it is answered
-    like a timeout, at once, instead of waiting in a queue that nothing serves."""
+    """A call was not started: no worker thread came free for it. Either it waited past the step
+    timeout (``waited``), or every thread the pool may use is stuck in an earlier call that was
+    given up on (past the step timeout, or its client left) and too many calls already wait, so it
+    is refused at once rather than queued. Answered like a timeout; the environment is untouched.
+    With no step timeout, a call waits for a worker as long as it takes (up to that queue bound)."""
 
-    def __init__(self, operation: str, timeout_s: Optional[float], stuck: int) -> None:
+    def __init__(self, operation: str, timeout_s: Optional[float], stuck: int, waited: bool = False) -> None:
         self.operation = operation
         self.timeout_s = timeout_s  # type: ignore[assignment]
         self.stuck = stuck
+        if waited:
+            detail = f"no worker thread came free within the step timeout of {timeout_s:g} s"
+        else:
+            detail = "every worker thread is stuck in an earlier call that was given up on, and others already wait"
         self.message = (
-            f"{operation} was not started: all {stuck} worker threads are still inside earlier calls "
-            "that were given up on (the environment hangs?); try again once they return"
+            f"{operation} was not started: {detail} ({stuck} stuck; does the environment hang?); "
+            "the environment was not touched: try again later"
         )
         Exception.__init__(self, self.message)
 

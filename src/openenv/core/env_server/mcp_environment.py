@@ -102,6 +102,8 @@ async def _own_task(coro: Any) -> Any:
         inner.cancel()
         with contextlib.suppress(BaseException):  # let it unwind (a sync call it ran is recorded)
             await asyncio.wait([inner])
+        if inner.done() and not inner.cancelled():
+            inner.exception()  # read: it failed while unwinding, and we answer the cancellation
         raise
     if inner.cancelled():
         raise _ToolCancelled()
@@ -278,7 +280,7 @@ class MCPEnvironment(Environment):
                 raise  # a real cancellation (on 3.10 _own_task turned the tool's own into ToolCancelled)
             # The tool raised CancelledError itself (a cancelled inner task it awaited, say).
             raise _failure(EnvironmentCallError(exc), name) from exc
-        except (SystemExit, _ToolCancelled) as exc:  # the tool's, not the server's (KeyboardInterrupt is the user's)
+        except (SystemExit, GeneratorExit, _ToolCancelled) as exc:  # the tool's (KeyboardInterrupt is the user's)
             raise _failure(EnvironmentCallError(exc), name) from exc
         except Exception as exc:
             # Only this deadline is a TIMEOUT: a TimeoutError the tool raised is its own failure, and a

@@ -378,7 +378,7 @@ class SessionManager:
             return await _with_timeout(job.future, self.step_timeout_s, operation)
         except StepTimeoutError:
             if not self.pool.abandon(job):  # it waited for a worker all along
-                raise WorkersStuckError(operation, self.step_timeout_s, self.pool.stuck) from None
+                raise WorkersStuckError(operation, self.step_timeout_s, self.pool.stuck, waited=True) from None
             raise
         except asyncio.CancelledError:
             self.pool.abandon(job)
@@ -496,17 +496,20 @@ class SessionManager:
         job: Optional[Job] = None
         try:
             job = self.pool.submit(close)
+            seen_running = False
             while True:
                 try:
                     await within(asyncio.shield(job.future), CLOSE_TIMEOUT_S)
                     return
                 except asyncio.TimeoutError:
-                    if job.started:
+                    if job.started and seen_running:  # a whole window since it was seen running
                         raise
-                    # every worker is busy (stuck ones, say): wait on, a close must not be skipped
-                    logger.warning("%s.close() still waits for a free worker", type(env).__name__)
+                    if job.started:
+                        seen_running = True  # it started late in this window: give it a full one
+                    else:  # every worker is busy (stuck ones, say): wait on, a close is never skipped
+                        logger.warning("%s.close() still waits for a free worker", type(env).__name__)
         except asyncio.TimeoutError:
-            logger.warning("%s.close() did not return within %.0f s", type(env).__name__, CLOSE_TIMEOUT_S)
+            logger.warning("%s.close() did not return within %g s", type(env).__name__, CLOSE_TIMEOUT_S)
             if job is not None:
                 self.pool.abandon(job)  # its worker is stuck: let another take its place
         except RuntimeError as exc:  # pool shut down: close inline as a last resort
@@ -625,7 +628,7 @@ class SessionManager:
                 except StepTimeoutError:
                     if not self.pool.abandon(job):  # it waited for a worker all along: env untouched
                         session.inflight = None
-                        raise WorkersStuckError(operation, timeout, self.pool.stuck) from None
+                        raise WorkersStuckError(operation, timeout, self.pool.stuck, waited=True) from None
                     self._discard_env(session)
                     raise
                 except asyncio.CancelledError:
@@ -729,7 +732,8 @@ class SessionManager:
         if not self._closed:
             return
         self._closed = False
-        self._awaiting_return.clear()  # calls of the previous loop: nothing here can wait for them
+        # calls of a loop that has closed: nothing can wait for them (or close their envs) now
+        self._awaiting_return = {job for job in self._awaiting_return if not job.future.get_loop().is_closed()}
         old = self.pool
         self.pool = WorkerPool(old.max_workers, name="openenv-env", batch=old.batch, max_stuck=old.max_stuck)
         self._temporary_slots = asyncio.Semaphore(self.max_sessions)
