@@ -34,7 +34,21 @@ class Events:
 EVENTS = Events()
 
 
-class FaultyToolEnv(MCPEnvironment):
+class ToolsOnlyEnv(MCPEnvironment):
+    """An MCP environment whose reset, non-tool steps and state do nothing."""
+
+    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> Observation:
+        return Observation()
+
+    def _step_impl(self, action: Any, timeout_s: Optional[float] = None, **kwargs: Any) -> Observation:
+        return Observation()
+
+    @property
+    def state(self) -> State:
+        return State()
+
+
+class FaultyToolEnv(ToolsOnlyEnv):
     """``block`` sleeps in a worker thread; ``cancels`` and ``exits`` raise what tools should not."""
 
     SUPPORTS_CONCURRENT_SESSIONS = True
@@ -71,16 +85,6 @@ class FaultyToolEnv(MCPEnvironment):
             return a + b
 
         super().__init__(mcp)
-
-    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> Observation:
-        return Observation()
-
-    def _step_impl(self, action: Any, timeout_s: Optional[float] = None, **kwargs: Any) -> Observation:
-        return Observation()
-
-    @property
-    def state(self) -> State:
-        return State()
 
     def close(self) -> None:
         EVENTS.add("close", id(self))
@@ -238,7 +242,7 @@ def test_a_notification_method_sent_with_an_id_is_answered(http):
     assert http.post("/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"}).status_code == 202
 
 
-class LateReservedEnv(MCPEnvironment):
+class LateReservedEnv(ToolsOnlyEnv):
     """Registers a tool named ``reset`` after MCPEnvironment checked the names."""
 
     def __init__(self) -> None:
@@ -255,16 +259,6 @@ class LateReservedEnv(MCPEnvironment):
         def reset() -> str:
             """Reserved."""
             return "a tool named reset ran"
-
-    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> Observation:  # type: ignore[override]
-        return Observation()
-
-    def _step_impl(self, action: Any, timeout_s: Optional[float] = None, **kwargs: Any) -> Observation:
-        return Observation()
-
-    @property
-    def state(self) -> State:
-        return State()
 
 
 def test_a_tool_with_a_reserved_name_registered_late_is_neither_listed_nor_called():
