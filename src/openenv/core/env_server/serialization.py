@@ -56,32 +56,11 @@ def parse_json(text: Union[str, bytes], max_depth: int = MAX_JSON_DEPTH) -> Any:
     return value
 
 
-def _replace_inf_nan(value: Any) -> Any:
-    """``value`` with NaN and infinities as None (for pydantic-core releases without
-    ``inf_nan_mode``)."""
-    if isinstance(value, float):
-        return None if value != value or value in (float("inf"), float("-inf")) else value
-    if isinstance(value, dict):
-        return {key: _replace_inf_nan(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_replace_inf_nan(item) for item in value]
-    return value
-
-
-try:
-    pydantic_core.to_json(float("nan"), inf_nan_mode="null")
-    _NULL_INF_NAN: Dict[str, Any] = {"inf_nan_mode": "null"}
-except TypeError:  # pragma: no cover - pydantic-core before inf_nan_mode
-    _NULL_INF_NAN = {}
-
-
 def to_json_bytes(value: Any) -> bytes:
     """Compact JSON of any value: pydantic models, dataclasses, numpy arrays included. NaN and
     infinities become ``null``, as pydantic's own ``model_dump_json`` writes them: JSON has no
     such numbers, and strict parsers (JavaScript's, say) refuse them."""
-    if _NULL_INF_NAN:
-        return pydantic_core.to_json(value, fallback=_json_fallback, **_NULL_INF_NAN)
-    return pydantic_core.to_json(_replace_inf_nan(to_jsonable(value)))  # pragma: no cover
+    return pydantic_core.to_json(value, fallback=_json_fallback, inf_nan_mode="null")
 
 
 def dumps_json(value: Any) -> str:
@@ -91,9 +70,7 @@ def dumps_json(value: Any) -> str:
 def to_jsonable(value: Any) -> Any:
     """The JSON data model of ``value`` (dicts, lists, strings, numbers, bools, None); NaN and
     infinities become None, as in :func:`to_json_bytes`."""
-    if _NULL_INF_NAN:
-        return pydantic_core.to_jsonable_python(value, fallback=_json_fallback, **_NULL_INF_NAN)
-    return _replace_inf_nan(pydantic_core.to_jsonable_python(value, fallback=_json_fallback))  # pragma: no cover
+    return pydantic_core.to_jsonable_python(value, fallback=_json_fallback, inf_nan_mode="null")
 
 
 def serialize_observation(observation: Observation) -> Dict[str, Any]:

@@ -293,7 +293,7 @@ class SessionManager:
         if worker_threads is None:
             worker_threads = int(os.environ.get("OPENENV_WORKER_THREADS", "0")) or min(max_sessions + 1, 16)
         # One thread and no replacement for an environment that needs a single thread: while a
-        # call that was given up on still runs, other calls are refused (WorkersStuckError).
+        # call that was given up on still runs, other calls wait for that thread.
         self.pool = WorkerPool(1 if single else worker_threads, name="openenv-env", max_stuck=0 if single else None)
         self._sessions: Dict[str, Session] = {}
         self._temporary_slots = asyncio.Semaphore(max_sessions)
@@ -536,17 +536,14 @@ class SessionManager:
         behind slow ones."""
         slots = self._temporary_slots
         wait = self.step_timeout_s if self.step_timeout_s is not None else TEMPORARY_WAIT_S
-        if slots.locked():
-            try:
-                await within(slots.acquire(), wait)
-            except asyncio.TimeoutError:
-                raise SessionCapacityError(
-                    self.max_sessions,
-                    self.max_sessions,
-                    f"All {self.max_sessions} slots for stateless calls stayed busy for {wait:g} s; try again later",
-                ) from None
-        else:
-            await slots.acquire()
+        try:
+            await within(slots.acquire(), wait)
+        except asyncio.TimeoutError:
+            raise SessionCapacityError(
+                self.max_sessions,
+                self.max_sessions,
+                f"All {self.max_sessions} slots for stateless calls stayed busy for {wait:g} s; try again later",
+            ) from None
         try:
             async with self._temporary_env() as session:
                 yield session

@@ -367,10 +367,8 @@ class WorkerPool:
 
         Returns whether the call started (it runs on, or ran); one that had not is skipped. Call
         it on the loop's thread."""
-        if job.done:
+        if job.done or job.abandoned:
             return job.started
-        if job.abandoned:
-            return job.counted_stuck or job.started
         job.abandoned = True  # written before `started` and `returned` are read: see _work
         with self._lock:
             started = job.started

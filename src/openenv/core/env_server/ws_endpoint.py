@@ -184,12 +184,12 @@ class WSEndpoint:
 
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
-_OWN_JSON_ROUTES = frozenset({"/mcp"})  # parses (depth-checked) itself, answering in JSON-RPC
+_OWN_JSON_ROUTES = frozenset({"/mcp"})  # answers in JSON-RPC, and parses (depth-checked) itself
 
 
 async def _too_large_reply(scope: Dict[str, Any], send: Any, limit: int) -> None:
     message = f"Request body exceeds the server's limit of {limit} bytes"
-    if _route_path(scope) == "/mcp":  # a JSON-RPC error, as MCP clients expect
+    if _route_path(scope) in _OWN_JSON_ROUTES:  # a JSON-RPC error, as MCP clients expect
         error = JsonRpcResponse.error_response(JsonRpcErrorCode.INVALID_REQUEST, message)
         await _http_reply(send, 413, error.model_dump())
     else:
