@@ -474,6 +474,101 @@ async def test_direct_tool_results_equal_fastmcps_own():
             assert takes_direct_way is (key not in ("point", "raw")), name  # models and bytes stay with FastMCP
 
 
+def _raising_tools_env(mask: bool):
+    """Tools (sync in the pool, sync on the loop, async) that each raise one kind of failure."""
+    import pydantic
+    from fastmcp.exceptions import NotFoundError, ToolError
+    from fastmcp.exceptions import ValidationError as FastMCPValidationError
+
+    class Point(pydantic.BaseModel):
+        x: int
+
+    status_request = httpx.Request("GET", "http://127.0.0.1/upstream")
+    failures = {
+        "plain": lambda: ValueError("secret path /srv/keys"),
+        "empty": lambda: RuntimeError(),
+        "own_timeout": lambda: TimeoutError("the tool's own timeout"),
+        "tool_error": lambda: ToolError("x must be positive"),  # deliberate: shown as it is
+        "fastmcp_validation": lambda: FastMCPValidationError("bad value"),
+        "not_found": lambda: NotFoundError("no such row"),  # not a FastMCPError: wrapped
+        "http_timeout": lambda: httpx.ReadTimeout("read timed out", request=status_request),
+        "http_429": lambda: httpx.HTTPStatusError(
+            "429", request=status_request, response=httpx.Response(429, request=status_request)
+        ),
+        "http_500": lambda: httpx.HTTPStatusError(
+            "500", request=status_request, response=httpx.Response(500, request=status_request)
+        ),
+    }
+
+    def raise_one(key):
+        if key == "body_pydantic":
+            Point(x="not a number")
+        raise failures[key]()
+
+    server = FastMCP("raising", mask_error_details=mask)
+    keys = [*failures, "body_pydantic"]
+    for key in keys:
+
+        def sync_tool(x: int, key=key) -> int:
+            raise_one(key)
+
+        async def async_tool(x: int, key=key) -> int:
+            raise_one(key)
+
+        server.tool(sync_tool, name=f"sync_{key}")
+        server.tool(sync_tool, name=f"inline_{key}", run_in_thread=False)
+        server.tool(async_tool, name=f"async_{key}")
+
+    class RaisingEnv(MCPEnvironment):
+        def reset(self, seed=None, episode_id=None, **kwargs):
+            return Observation()
+
+        def _step_impl(self, action, timeout_s=None, **kwargs):
+            return Observation()
+
+        @property
+        def state(self):
+            return None
+
+    return RaisingEnv(server), [f"{kind}_{key}" for key in keys for kind in ("sync", "inline", "async")]
+
+
+@pytest.mark.parametrize("mask", [False, True], ids=["details", "mask_error_details"])
+async def test_direct_tool_failures_read_as_fastmcps_own(mask):
+    """A tool that raises is reported in FastMCP's words, whichever way it is called: its own
+    ToolError as it is, other exceptions as "Error calling tool 'name': text", without the text
+    under FastMCP's mask_error_details, and FastMCP's words for an upstream API's 429 or timeout."""
+    from openenv.core.env_server.mcp_environment import ToolCallFailed, _failure
+
+    env, names = _raising_tools_env(mask)
+    for name in names:
+        with pytest.raises(Exception) as through_fastmcp:
+            await env.mcp_server.call_tool(name, {"x": 1})
+        expected = _failure(through_fastmcp.value, name).error
+        for _ in range(2):  # the first call finds the tool, the second uses the cached index
+            with pytest.raises(ToolCallFailed) as direct:
+                await env.call_tool_payload(name, {"x": 1})
+            assert direct.value.error == expected, name
+        assert (await env._direct.get(name)) is not None, name  # the direct way was taken
+        if mask and not name.endswith(("tool_error", "fastmcp_validation")):
+            assert "secret" not in expected.message and "not a number" not in expected.message
+    words = {}
+    for name in ("async_plain", "sync_tool_error", "inline_http_429", "sync_fastmcp_validation"):
+        with pytest.raises(ToolCallFailed) as failed:
+            await env.call_tool_payload(name, {"x": 1})
+        words[name] = (failed.value.error.error_type, failed.value.error.message)
+    plain = "Error calling tool 'async_plain'" + ("" if mask else ": secret path /srv/keys")
+    assert words == {
+        "async_plain": (ToolErrorType.EXECUTION_ERROR, plain),
+        "sync_tool_error": (ToolErrorType.EXECUTION_ERROR, "x must be positive"),
+        "inline_http_429": (ToolErrorType.EXECUTION_ERROR, "Rate limited by upstream API, please retry later"),
+        "sync_fastmcp_validation": (
+            ToolErrorType.INVALID_ARGS,
+            "Invalid arguments for tool 'sync_fastmcp_validation': bad value",
+        ),
+    }
+
+
 class _SharedToolsEnv(MCPEnvironment):
     """Stateless tools on one FastMCP server shared by every instance; per-instance call counts."""
 

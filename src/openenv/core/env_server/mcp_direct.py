@@ -21,13 +21,38 @@ from typing import Any, Awaitable, Callable, Dict, Optional
 
 import pydantic
 import pydantic_core
+from fastmcp.exceptions import FastMCPError
 from fastmcp.tools.function_tool import FunctionTool
+
+try:  # FastMCP's tests for an upstream API's 429 and timeouts (newer FastMCP releases)
+    from fastmcp.utilities.exceptions import get_http_status_code as _http_status_code
+    from fastmcp.utilities.exceptions import is_timeout_error as _is_timeout_error
+except ImportError:  # pragma: no cover - older FastMCP says nothing special of them
+    _http_status_code = _is_timeout_error = None  # type: ignore[assignment]
 
 _BENIGN_MIDDLEWARE = frozenset({"DereferenceRefsMiddleware"})
 
 
 class ToolBodyError(Exception):
-    """Raised by a tool's own code (as opposed to its arguments failing validation)."""
+    """Raised by a tool's own code (as opposed to its arguments failing validation); ``original``
+    is what the tool raised. FastMCP's own errors (``ToolError`` and the rest of ``FastMCPError``)
+    are not wrapped: FastMCP passes them on as they are, and so do we."""
+
+    def __init__(self, original: Exception) -> None:
+        super().__init__(str(original))
+        self.original = original
+
+
+def body_error_message(exc: ToolBodyError, name: str, mask: bool) -> str:
+    """What FastMCP says of a tool that raised ``exc.original``: its words for an upstream API's
+    429 or timeout, then ``Error calling tool 'name'`` (``mask``: its ``mask_error_details``)
+    with the exception's text after a colon unless masked."""
+    original = exc.original
+    if _http_status_code is not None and _http_status_code(original) == 429:
+        return "Rate limited by upstream API, please retry later"
+    if _is_timeout_error is not None and _is_timeout_error(original):
+        return "Upstream request timed out, please retry"
+    return f"Error calling tool {name!r}" if mask else f"Error calling tool {name!r}: {original}"
 
 
 def _tag_body_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -37,8 +62,10 @@ def _tag_body_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         async def run_async(*args: Any, **kwargs: Any) -> Any:
             try:
                 return await fn(*args, **kwargs)
+            except FastMCPError:
+                raise
             except Exception as exc:
-                raise ToolBodyError(str(exc)) from exc
+                raise ToolBodyError(exc) from exc
 
         return run_async
 
@@ -46,8 +73,10 @@ def _tag_body_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     def run(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
+        except FastMCPError:
+            raise
         except Exception as exc:
-            raise ToolBodyError(str(exc)) from exc
+            raise ToolBodyError(exc) from exc
 
     return run
 

@@ -23,7 +23,7 @@ from fastmcp.tools import Tool as FastMCPTool
 from ..utils import run_async_safely, timeout_after
 from .exceptions import EnvironmentCallError
 from .interfaces import Environment, Transform
-from .mcp_direct import DirectTool, DirectTools, ToolBodyError, tool_result_payload
+from .mcp_direct import DirectTool, DirectTools, ToolBodyError, body_error_message, tool_result_payload
 from .mcp_types import (
     RESERVED_TOOL_NAMES,
     CallToolAction,
@@ -72,11 +72,13 @@ def _classify(exc: BaseException, name: str) -> ToolError:
     return ToolError(error_type=ToolErrorType.EXECUTION_ERROR, message=str(exc) or type(exc).__name__)
 
 
-def _failure(exc: BaseException, name: str) -> ToolCallFailed:
+def _failure(exc: BaseException, name: str, mask: bool = False) -> ToolCallFailed:
+    """``mask``: the FastMCP server's ``mask_error_details`` (a directly called tool's failure
+    reads as FastMCP would word it)."""
     if isinstance(exc, ToolCallFailed):
         return exc
     if isinstance(exc, ToolBodyError):
-        message = f"Error calling tool '{name}': {exc}"
+        message = body_error_message(exc, name, mask)
         return ToolCallFailed(ToolError(error_type=ToolErrorType.EXECUTION_ERROR, message=message))
     return ToolCallFailed(_classify(exc, name))
 
@@ -255,8 +257,11 @@ class MCPEnvironment(Environment):
             try:
                 return inline.payload(inline.validate_and_call(arguments))
             except Exception as exc:
-                raise _failure(exc, name) from exc
+                raise _failure(exc, name, self._masks_errors()) from exc
         return await self._guarded_call(name, arguments, timeout_s, as_payload=True)
+
+    def _masks_errors(self) -> bool:
+        return getattr(self.mcp_server, "_mask_error_details", False) is True
 
     def _inline_tool(self, name: str) -> Optional[DirectTool]:
         """The tool, when it is a known direct tool declared to run on the loop."""
@@ -288,7 +293,7 @@ class MCPEnvironment(Environment):
             if isinstance(exc, (TimeoutError, asyncio.TimeoutError)) and scope.expired():
                 message = f"Tool '{name}' timed out after {timeout:g} seconds"
                 raise ToolCallFailed(ToolError(error_type=ToolErrorType.TIMEOUT, message=message)) from None
-            raise _failure(exc, name) from exc
+            raise _failure(exc, name, self._masks_errors()) from exc
 
     async def _call_tool(self, name: str, arguments: Dict[str, Any], as_payload: bool) -> Any:
         mode_tool = self._visible_mode_tools().get(name)
