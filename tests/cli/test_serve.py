@@ -261,3 +261,16 @@ def test_list_shows_installed_environment_packages():
         [*OPENENV, "list"], capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"}
     )
     assert table.returncode == 0 and "echo_env.EchoEnv" in table.stdout
+
+
+def test_listening_beyond_this_machine_keeps_exception_texts_from_clients():
+    """What ``--host`` implies for the server's environment. (The tests may not listen on a
+    public interface, so this checks the decision, not a server on 0.0.0.0.)"""
+    from openenv.cli.commands.serve import _server_env
+
+    assert _server_env("127.0.0.1", [], None) == {}
+    assert _server_env("localhost", ["A=1"], 3) == {"A": "1", "OPENENV_MAX_SESSIONS": "3"}
+    assert _server_env("::1", [], None) == {}
+    for host in ("0.0.0.0", "::", "192.0.2.4", "envs.example.org"):
+        assert _server_env(host, [], None) == {"OPENENV_ERROR_DETAILS": "0"}, host
+    assert _server_env("0.0.0.0", ["OPENENV_ERROR_DETAILS=1"], None) == {"OPENENV_ERROR_DETAILS": "1"}

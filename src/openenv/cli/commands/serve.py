@@ -6,6 +6,7 @@ import ast
 import asyncio
 import errno
 import importlib.util
+import ipaddress
 import os
 import signal
 import sys
@@ -27,7 +28,10 @@ def register(app: typer.Typer) -> None:
             ".", metavar="PATH", help="The environment package (a directory with openenv.yaml)."
         ),
         host: str = typer.Option(
-            "127.0.0.1", "--host", metavar="HOST", help="Address to listen on; 0.0.0.0 accepts remote clients."
+            "127.0.0.1",
+            "--host",
+            metavar="HOST",
+            help="Address to listen on; 0.0.0.0 accepts remote clients (their error answers carry no exception texts unless --env OPENENV_ERROR_DETAILS=1).",
         ),
         port: int = typer.Option(
             8000, "--port", "-p", metavar="PORT", help="TCP port to listen on (0 picks a free one)."
@@ -63,11 +67,30 @@ def register(app: typer.Typer) -> None:
         The server runs isolated (its own namespaces, no network, a read-only system, memory and process limits) and listens on a Unix socket; this command forwards TCP connections to it, prints the server's log and a client snippet to paste. Ctrl-C stops everything.
         """
         manifest = load_package(path)
-        env_vars = _parse_env(env)
-        if max_sessions is not None:
-            env_vars["OPENENV_MAX_SESSIONS"] = str(max_sessions)
+        env_vars = _server_env(host, env, max_sessions)
         server = _Serve(manifest, host, port, sandbox, reload, env_vars, network, memory_mb)
         raise typer.Exit(server.run())
+
+
+def _server_env(host: str, pairs: List[str], max_sessions: Optional[int]) -> Dict[str, str]:
+    """The server's environment variables: ``--env`` pairs and what the options imply."""
+    env_vars = _parse_env(pairs)
+    if max_sessions is not None:
+        env_vars["OPENENV_MAX_SESSIONS"] = str(max_sessions)
+    if not _is_loopback(host):
+        # Every client reaches the server through this command's forwarder, on a Unix socket,
+        # so the server would take them all for local ones and send them exception texts.
+        env_vars.setdefault("OPENENV_ERROR_DETAILS", "0")
+    return env_vars
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _parse_env(pairs: List[str]) -> Dict[str, str]:

@@ -27,6 +27,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
+from . import error_details as shown_errors
 from .exceptions import (
     EnvironmentCallError,
     EnvironmentFactoryError,
@@ -123,6 +124,9 @@ class HTTPEnvServer:
     ``step_timeout_s`` (or ``$OPENENV_STEP_TIMEOUT_S``) bounds every reset/step/state/tool call;
     ``max_message_size_mb`` (or ``$OPENENV_MAX_MESSAGE_MB``) bounds frames and request bodies.
     ``$OPENENV_MAX_SESSIONS``, when set, overrides the number of concurrent sessions.
+    ``error_details`` (or ``$OPENENV_ERROR_DETAILS``) says whether error answers carry the text of
+    an exception the environment raised; by default only clients on this machine get it
+    (see :mod:`openenv.core.env_server.error_details`).
     """
 
     def __init__(
@@ -139,6 +143,7 @@ class HTTPEnvServer:
         step_timeout_s: Optional[float] = None,
         max_message_size_mb: Optional[float] = None,
         worker_threads: Optional[int] = None,
+        error_details: Optional[bool] = None,
     ) -> None:
         if isinstance(env, Environment) or not callable(env):
             raise TypeError(
@@ -172,6 +177,7 @@ class HTTPEnvServer:
         if max_message_size_mb is None:
             max_message_size_mb = float(os.environ.get("OPENENV_MAX_MESSAGE_MB", DEFAULT_MAX_MESSAGE_MB))
         self.max_message_chars = int(max_message_size_mb * 1024 * 1024)
+        self.error_details = shown_errors.configured(error_details)
         self.manager.prepare = self.prepare_session
         self.mcp = MCPDispatcher(self.manager, action_cls, self.env_name)
         self.connection_watch = ConnectionWatch()
@@ -274,8 +280,7 @@ class HTTPEnvServer:
         except SessionCapacityError as exc:
             return _error(503, "CAPACITY_REACHED", exc.message)
         except Exception as exc:
-            logger.exception("environment call failed")
-            return _error(500, "EXECUTION_ERROR", str(exc) or type(exc).__name__)
+            return _error(500, "EXECUTION_ERROR", shown_errors.describe(exc, logger, "environment call failed"))
 
     async def _metadata_of_env(self) -> EnvironmentMetadata:
         if self._metadata is None:
@@ -539,8 +544,9 @@ class HTTPEnvServer:
             )
             return
         except Exception as exc:
+            message = shown_errors.describe(exc, logger, "could not open an MCP session")
             await _send_rpc_and_close(
-                websocket, JsonRpcResponse.error_response(JsonRpcErrorCode.SERVER_ERROR, str(exc)), 1011
+                websocket, JsonRpcResponse.error_response(JsonRpcErrorCode.SERVER_ERROR, message), 1011
             )
             return
         try:
@@ -729,6 +735,7 @@ def create_fastapi_app(
     step_timeout_s: Optional[float] = None,
     max_message_size_mb: Optional[float] = None,
     worker_threads: Optional[int] = None,
+    error_details: Optional[bool] = None,
 ) -> FastAPI:
     """A FastAPI app serving ``env`` (see :class:`HTTPEnvServer`); ``mode`` defaults to ``$OPENENV_MODE``."""
     app = FastAPI(
@@ -756,6 +763,7 @@ def create_fastapi_app(
         step_timeout_s=step_timeout_s,
         max_message_size_mb=max_message_size_mb,
         worker_threads=worker_threads,
+        error_details=error_details,
     )
     server.register_routes(app, _resolve_mode(mode))
     app.state.openenv_server = server
@@ -781,11 +789,12 @@ def create_app(
     step_timeout_s: Optional[float] = None,
     max_message_size_mb: Optional[float] = None,
     worker_threads: Optional[int] = None,
+    error_details: Optional[bool] = None,
 ) -> FastAPI:
     """The app for an environment: what ``server/app.py`` of an environment package exports.
 
     Same signature as OpenEnv 0.10's ``create_app`` plus ``step_timeout_s``,
-    ``max_message_size_mb`` and ``worker_threads``. ``ENABLE_WEB_INTERFACE`` asks for the web
+    ``max_message_size_mb``, ``worker_threads`` and ``error_details`` (see :class:`HTTPEnvServer`). ``ENABLE_WEB_INTERFACE`` asks for the web
     playground, which this release does not ship: a warning says so and the API is served alone.
     """
     if os.environ.get("ENABLE_WEB_INTERFACE", "").lower() in ("1", "true", "yes"):
@@ -803,4 +812,5 @@ def create_app(
         step_timeout_s=step_timeout_s,
         max_message_size_mb=max_message_size_mb,
         worker_threads=worker_threads,
+        error_details=error_details,
     )

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Dict, Optional, Type
 
+from . import error_details as shown_errors
 from .exceptions import (
     EnvironmentFactoryError,
     SessionCapacityError,
@@ -107,10 +108,8 @@ class MCPDispatcher:
         except SessionClosedError as exc:  # closed while this request waited for it: as if unknown
             return JsonRpcResponse.error_response(JsonRpcErrorCode.INVALID_PARAMS, exc.message, None, request.id)
         except Exception as exc:
-            logger.exception("MCP request %s failed", request.method)
-            return JsonRpcResponse.error_response(
-                JsonRpcErrorCode.INTERNAL_ERROR, str(exc) or type(exc).__name__, None, request.id
-            )
+            message = shown_errors.describe(exc, logger, f"MCP request {request.method} failed")
+            return JsonRpcResponse.error_response(JsonRpcErrorCode.INTERNAL_ERROR, message, None, request.id)
         if result is _NO_RESPONSE:
             return None
         return JsonRpcResponse.success(result, request.id)

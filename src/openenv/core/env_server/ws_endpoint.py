@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Deque, Dict, Optional, Set
 
 import pydantic
 
+from . import error_details as shown_errors
 from .exceptions import (
     EnvironmentCallError,
     EnvironmentFactoryError,
@@ -127,12 +128,19 @@ class WSEndpoint:
 
     async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
         kind = scope["type"]
-        if kind == "websocket" and _route_path(scope) == "/ws":
-            await WSConnection(self.server, scope, receive, send).run()
-        elif kind == "http" and scope.get("method") in _BODY_METHODS:
-            await self._bounded_body(scope, receive, send)
-        else:
+        if kind == "lifespan":
             await self.app(scope, receive, send)
+            return
+        shown = shown_errors.enter(scope, self.server.error_details)  # what error answers may say
+        try:
+            if kind == "websocket" and _route_path(scope) == "/ws":
+                await WSConnection(self.server, scope, receive, send).run()
+            elif kind == "http" and scope.get("method") in _BODY_METHODS:
+                await self._bounded_body(scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
+        finally:
+            shown_errors.leave(shown)
 
     async def _bounded_body(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
         """Read the request body (refusing it past the message limit, or nested too deeply) and
@@ -344,8 +352,9 @@ class WSConnection:
             frame = error_frame(WSErrorCode.SESSION_ERROR, exc.message)
             close_code = 1008
         except Exception as exc:
-            logger.exception("could not open a session")
-            frame = error_frame(WSErrorCode.SESSION_ERROR, str(exc) or type(exc).__name__)
+            frame = error_frame(
+                WSErrorCode.SESSION_ERROR, shown_errors.describe(exc, logger, "could not open a session")
+            )
             close_code = 1011
         try:
             await self.send({"type": "websocket.send", "text": frame})
@@ -441,9 +450,9 @@ class WSConnection:
         except EnvironmentFactoryError as exc:
             return error_frame(WSErrorCode.FACTORY_ERROR, exc.message, factory_name=exc.factory_name)
         except Exception as exc:
-            logger.exception("environment call failed")
             name = exc.name if isinstance(exc, EnvironmentCallError) else type(exc).__name__
-            return error_frame(WSErrorCode.EXECUTION_ERROR, str(exc) or name, exception=name)
+            message = shown_errors.describe(exc, logger, "environment call failed")
+            return error_frame(WSErrorCode.EXECUTION_ERROR, message, exception=name)
         shown = kind if isinstance(kind, str) else ("" if kind is None else json.dumps(kind))
         return error_frame(WSErrorCode.UNKNOWN_TYPE, f"Unknown message type: {shown}")
 
