@@ -18,7 +18,7 @@ from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
 
 from .conftest import counter_app, serve
-from .envs import CounterAction, CounterClient, LegacyToolEnv
+from .envs import CounterAction, CounterClient, CounterEnv, CounterObservation, LegacyToolEnv
 
 REMOTE = {"X-Forwarded-For": "203.0.113.7"}  # a documentation address: not this machine
 TEXT = "the step failed on purpose"  # what CounterEnv's failing step raises
@@ -145,7 +145,140 @@ def test_a_bad_setting_is_refused_when_the_app_is_built(monkeypatch) -> None:
 def test_local_addresses() -> None:
     from openenv.core.env_server.error_details import peer_is_local
 
-    local = [None, ("127.0.0.1", 5), ("127.8.0.1", 5), ("::1", 5), ("::ffff:127.0.0.1", 5), ("testclient", 1)]
-    remote = [("203.0.113.7", 5), ("10.0.0.2", 5), ("0.0.0.0", 5), ("::ffff:10.0.0.2", 5), ("localhost.evil", 5)]
-    assert [peer_is_local({"client": c}) for c in local] == [True] * len(local)
-    assert [peer_is_local({"client": c}) for c in remote] == [False] * len(remote)
+    def scope(client, **headers):
+        return {"client": client, "headers": [(k.replace("_", "-").encode(), v.encode()) for k, v in headers.items()]}
+
+    here = ("127.0.0.1", 5)
+    local = [
+        scope(None),
+        scope(here),
+        scope(("127.8.0.1", 5)),
+        scope(("::1", 5)),
+        scope(("::ffff:127.0.0.1", 5)),
+        scope(("testclient", 1)),
+        scope(here, x_forwarded_for="127.0.0.1"),
+        scope(None, x_forwarded_for="127.0.0.1, ::1", x_real_ip="127.0.0.2"),
+        scope(here, forwarded='for=127.0.0.1;proto=http, for="[::1]:4711"'),
+    ]
+    remote = [
+        scope(("203.0.113.7", 5)),
+        scope(("10.0.0.2", 5)),
+        scope(("0.0.0.0", 5)),
+        scope(("::ffff:10.0.0.2", 5)),
+        scope(("localhost.evil", 5)),
+        scope(None, x_forwarded_for="203.0.113.7"),  # a proxy in front of a Unix socket
+        scope(here, x_forwarded_for="127.0.0.1, 203.0.113.7"),  # a client's own header, then the proxy's
+        scope(here, x_forwarded_for="testclient"),
+        scope(here, x_real_ip="198.51.100.1"),
+        scope(here, forwarded='for="[2001:db8::1]:4711"'),
+        scope(here, forwarded="for=192.0.2.60;proto=http;by=203.0.113.43"),
+        scope(here, forwarded="for=unknown"),
+        scope(("testclient", 1), forwarded="for=_hidden"),
+    ]
+    assert [peer_is_local(s) for s in local] == [True] * len(local)
+    assert [peer_is_local(s) for s in remote] == [False] * len(remote)
+
+
+async def test_a_proxy_uvicorn_does_not_trust_still_names_its_client() -> None:
+    """A proxy in front of a Unix socket, or on a loopback address other than uvicorn's trusted
+    127.0.0.1 and ::1 (a sidecar's 127.0.0.6), sends X-Forwarded-For that uvicorn ignores."""
+    with serve(counter_app(), uds=True) as server:
+        async with CounterClient(base_url=server.base_url, headers=REMOTE) as client:
+            await client.reset()
+            with pytest.raises(EnvironmentExecutionError) as raised:
+                await client.step(CounterAction(delta=1, fail=True))
+            assert TEXT not in str(raised.value) and INCIDENT.search(str(raised.value))
+    with serve(counter_app()) as server:
+        with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.6")) as sidecar:
+            for headers, shown in ((REMOTE, False), (None, True)):
+                response = sidecar.post(server.base_url + "/step", json={"action": {"fail": True}}, headers=headers)
+                assert (response.json()["detail"] == TEXT) is shown
+
+
+async def test_the_environment_variable_overrides_the_apps_choice(monkeypatch) -> None:
+    monkeypatch.setenv("OPENENV_ERROR_DETAILS", "0")  # what `openenv serve --host 0.0.0.0` sets
+    with serve(counter_app(error_details=True)) as server:
+        assert TEXT not in _http_failure(server)["detail"]
+    monkeypatch.setenv("OPENENV_ERROR_DETAILS", "auto")
+    with serve(counter_app(error_details=True)) as server:
+        assert TEXT not in _http_failure(server, REMOTE)["detail"]
+        assert _http_failure(server)["detail"] == TEXT
+
+
+def test_openenvs_own_messages_reach_remote_clients_as_json_rpc() -> None:
+    """A session that cannot be made over POST /mcp initialize (an environment not safe for two
+    sessions, found when the first is built) is a JSON-RPC error in OpenEnv's words."""
+
+    class Unsafe(CounterEnv):
+        SUPPORTS_CONCURRENT_SESSIONS = False
+
+    def factory():  # a function: the class is known only once it has built an instance
+        return Unsafe()
+
+    app = create_app(factory, CounterAction, CounterObservation, env_name="unsafe", max_concurrent_envs=2)
+    with serve(app) as server:
+        request = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
+        response = httpx.post(server.base_url + "/mcp", json=request, headers=REMOTE)
+        assert response.status_code == 200 and response.headers["content-type"] == "application/json"
+        error = response.json()["error"]
+        assert error["code"] == -32000 and "SUPPORTS_CONCURRENT_SESSIONS" in error["message"]
+
+
+class _UncheckedObservationEnv(CounterEnv):
+    def step(self, action: Any, timeout_s: Optional[float] = None, **kwargs: Any) -> Any:
+        return CounterObservation.model_construct(value=1, done="token=s3cr3t", reward=None, metadata={})
+
+
+def test_an_invalid_observation_is_the_environments_error_not_the_clients() -> None:
+    app = create_app(_UncheckedObservationEnv, CounterAction, CounterObservation, env_name="unchecked")
+    with serve(app) as server:
+        for headers, shown in ((REMOTE, False), (None, True)):
+            response = httpx.post(server.base_url + "/step", json={"action": {"delta": 1}}, headers=headers)
+            assert response.status_code == 500 and response.json()["code"] == "EXECUTION_ERROR"
+            assert ("s3cr3t" in response.json()["detail"]) is shown
+            assert response.json()["detail"].startswith("ValidationError")
+
+
+def _failing_listing_env():
+    from fastmcp import FastMCP
+    from fastmcp.server.middleware import Middleware
+
+    from openenv.core.env_server.mcp_environment import MCPEnvironment
+    from openenv.core.env_server.types import Observation, State
+
+    class FailingListing(Middleware):
+        async def on_list_tools(self, context, call_next):
+            raise RuntimeError("cannot read /srv/keys/tools.yaml")
+
+    class Listing(MCPEnvironment):
+        def __init__(self) -> None:
+            super().__init__(FastMCP("listing", middleware=[FailingListing()]))
+
+        def reset(self, seed=None, episode_id=None, **kwargs):
+            return Observation()
+
+        def _step_impl(self, action, timeout_s=None, **kwargs):
+            return Observation()
+
+        @property
+        def state(self):
+            return State()
+
+    return Listing
+
+
+async def test_a_failing_tool_listing_says_what_failed_only_to_local_clients() -> None:
+    from openenv.core.env_server.mcp_types import ListToolsAction
+
+    listing = _failing_listing_env()
+    used_directly = await listing().step_async(ListToolsAction())  # no server: the text stays
+    assert used_directly.metadata == {"error": "cannot read /srv/keys/tools.yaml", "error_type": "list_tools_failed"}
+    with serve(create_app(listing, CallToolAction, CallToolObservation, env_name="listing")) as server:
+        for headers, shown in ((REMOTE, False), (None, True)):
+            async with connect(server.base_url.replace("http", "ws") + "/ws", additional_headers=headers) as ws:
+                await ws.send(json.dumps({"type": "step", "data": {"type": "list_tools"}}))
+                metadata = json.loads(await ws.recv())["data"]["observation"]["metadata"]
+            http = httpx.post(server.base_url + "/step", json={"action": {"type": "list_tools"}}, headers=headers)
+            for seen in (metadata, http.json()["observation"]["metadata"]):
+                assert seen["error_type"] == "list_tools_failed"
+                assert ("/srv/keys" in seen["error"]) is shown and (INCIDENT.search(seen["error"]) is None) is shown

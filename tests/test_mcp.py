@@ -569,6 +569,92 @@ async def test_direct_tool_failures_read_as_fastmcps_own(mask):
     }
 
 
+@pytest.mark.parametrize("mask", [False, True], ids=["details", "mask_error_details"])
+async def test_tools_off_the_direct_path_are_worded_and_masked_as_fastmcp_does(mask):
+    """Mode tools FastMCP must run itself (an injected dependency), and tools raising what
+    OpenEnv words itself (SystemExit, their own CancelledError), follow the server's mask too."""
+    from fastmcp.dependencies import Depends
+
+    from openenv.core.env_server.mcp_environment import ToolCallFailed
+
+    def database_url() -> str:
+        return "postgres://admin:hunter2@db.internal/prod"
+
+    class Masked(MCPEnvironment):
+        def __init__(self) -> None:
+            super().__init__(FastMCP("masked", mask_error_details=mask))
+
+            @self.tool(mode="simulation")
+            def injected(x: int, url: str = Depends(database_url)) -> int:
+                raise ConnectionError(f"cannot connect to {url}")
+
+            @self.mcp_server.tool
+            def registered(x: int, url: str = Depends(database_url)) -> int:
+                raise ConnectionError(f"cannot connect to {url}")
+
+            @self.mcp_server.tool
+            def exits(x: int) -> int:
+                raise SystemExit("alembic: cannot connect to postgres://admin:hunter2@db")
+
+            @self.mcp_server.tool
+            async def cancels(x: int) -> int:
+                raise asyncio.CancelledError("job cancelled by /srv/worker/secret.conf")
+
+        def reset(self, seed=None, episode_id=None, **kwargs):
+            return Observation()
+
+        def _step_impl(self, action, timeout_s=None, **kwargs):
+            return Observation()
+
+        @property
+        def state(self):
+            return None
+
+    env = Masked()
+    env._mode = "simulation"  # what a server in simulation mode sets
+    assert "injected" not in env._direct_mode_tools  # FastMCP runs it
+    messages = {}
+    for name in ("injected", "registered", "exits", "cancels"):
+        with pytest.raises(ToolCallFailed) as failed:
+            await env.call_tool_payload(name, {"x": 1})
+        messages[name] = failed.value.error.message
+    if mask:
+        assert messages == {name: f"Error calling tool '{name}'" for name in messages}
+    else:
+        assert messages["injected"] == messages["registered"].replace("registered", "injected")
+        assert messages["registered"] == (
+            "Error calling tool 'registered': cannot connect to postgres://admin:hunter2@db.internal/prod"
+        )
+        assert "alembic" in messages["exits"] and "secret.conf" in messages["cancels"]
+
+
+def test_without_fastmcps_helpers_the_direct_path_tests_httpx_itself():
+    """FastMCP 3 has no get_http_status_code / is_timeout_error but words an httpx 429 and
+    timeout all the same: the fallback does too (FastMCP 3 simulated by hiding the helpers)."""
+    import subprocess
+    import sys
+
+    script = """
+import sys
+sys.modules["fastmcp.utilities.exceptions"] = None  # as on FastMCP 3: the import fails
+import httpx
+from openenv.core.env_server.mcp_direct import ToolBodyError, body_error_message
+request = httpx.Request("GET", "http://127.0.0.1/upstream")
+limited = httpx.HTTPStatusError("429", request=request, response=httpx.Response(429, request=request))
+failed = httpx.HTTPStatusError("500", request=request, response=httpx.Response(500, request=request))
+for exc in (limited, httpx.ReadTimeout("slow", request=request), failed, ValueError("v")):
+    print(body_error_message(ToolBodyError(exc), "fetch", False))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "Rate limited by upstream API, please retry later",
+        "Upstream request timed out, please retry",
+        "Error calling tool 'fetch': 500",
+        "Error calling tool 'fetch': v",
+    ]
+
+
 class _SharedToolsEnv(MCPEnvironment):
     """Stateless tools on one FastMCP server shared by every instance; per-instance call counts."""
 

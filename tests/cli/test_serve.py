@@ -30,13 +30,14 @@ class Served:
     Both pipes are drained by threads for as long as the command runs, so its log can never fill
     a pipe and stall it; :meth:`wait_for` waits for a line on stderr."""
 
-    def __init__(self, *args: str, cwd: Optional[Path] = None) -> None:
+    def __init__(self, *args: str, cwd: Optional[Path] = None, env: Optional[dict] = None) -> None:
         self.process = subprocess.Popen(
             [*OPENENV, "serve", *args, "--port", "0"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             cwd=cwd,
+            env=None if env is None else {**os.environ, **env},
         )
         self._out: List[str] = []
         self._err: List[str] = []
@@ -263,14 +264,28 @@ def test_list_shows_installed_environment_packages():
     assert table.returncode == 0 and "echo_env.EchoEnv" in table.stdout
 
 
-def test_listening_beyond_this_machine_keeps_exception_texts_from_clients():
+def test_listening_beyond_this_machine_keeps_exception_texts_from_clients(monkeypatch):
     """What ``--host`` implies for the server's environment. (The tests may not listen on a
     public interface, so this checks the decision, not a server on 0.0.0.0.)"""
     from openenv.cli.commands.serve import _server_env
 
+    monkeypatch.delenv("OPENENV_AUTH_TOKEN", raising=False)
     assert _server_env("127.0.0.1", [], None) == {}
     assert _server_env("localhost", ["A=1"], 3) == {"A": "1", "OPENENV_MAX_SESSIONS": "3"}
     assert _server_env("::1", [], None) == {}
     for host in ("0.0.0.0", "::", "192.0.2.4", "envs.example.org"):
         assert _server_env(host, [], None) == {"OPENENV_ERROR_DETAILS": "0"}, host
     assert _server_env("0.0.0.0", ["OPENENV_ERROR_DETAILS=1"], None) == {"OPENENV_ERROR_DETAILS": "1"}
+
+
+def test_a_token_in_the_commands_environment_guards_the_sandboxed_server():
+    token = "serve-token-0123456789abcdef"
+    with Served(str(ECHO), env={"OPENENV_AUTH_TOKEN": token}) as served:
+        assert httpx.get(f"{served.url}/health", timeout=10).status_code == 200
+        assert httpx.get(f"{served.url}/schema", timeout=10).status_code == 401
+        assert httpx.get(f"{served.url}/schema", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+        with GenericEnvClient(base_url=served.url, headers={"Authorization": f"Bearer {token}"}).sync() as client:
+            assert client.reset().observation is not None
+        code, out, err = served.stop()
+    assert code == 0 and "Authorization: Bearer $OPENENV_AUTH_TOKEN" in err
+    assert token not in out + err  # never printed

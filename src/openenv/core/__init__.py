@@ -20,6 +20,7 @@ _EXPORTS.update(
         "GenericMCPObservation": ".mcp_client",
         "StepResult": ".client_types",
         "ServerError": ".client_errors",
+        "AuthenticationError": ".client_errors",
         "SessionLostError": ".client_errors",
         "ToolCallError": ".client_errors",
         "LLMClient": ".llm_client",

@@ -1,4 +1,5 @@
-"""Exceptions a client raises. All are ``RuntimeError``s, as OpenEnv 0.10's client raises.
+"""Exceptions a client raises. All are ``RuntimeError``s, as OpenEnv 0.10's client raises, but
+:class:`AuthenticationError`, a ``ConnectionError`` like every other failure to connect.
 
 An error frame from the server becomes a :class:`ServerError` subclass chosen by its ``code``;
 the exception keeps the code and the frame's other fields (``details``).
@@ -6,6 +7,7 @@ the exception keeps the code and the frame's other fields (``details``).
 
 from __future__ import annotations
 
+import json
 from typing import Any, Dict, Optional, Type
 
 
@@ -102,6 +104,39 @@ class SessionLostError(EnvClientError):
     The server's session is gone with it: call ``reset()`` to start a new episode on a new
     connection.
     """
+
+
+class AuthenticationError(ConnectionError):
+    """The server refused the connection for want of a valid token (HTTP 401 or 403 during the
+    WebSocket handshake). A ``ConnectionError``, as every failure to connect is; send the token
+    with ``headers={"Authorization": "Bearer <token>"}``."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+    def __reduce__(self) -> Any:
+        return (type(self), (str(self), self.status))
+
+
+def refused_credentials(exc: BaseException, where: str) -> Optional[AuthenticationError]:
+    """An :class:`AuthenticationError` when ``exc`` is a 401 or 403 answer (a WebSocket
+    handshake's ``InvalidStatus`` or an httpx ``HTTPStatusError``), else None."""
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    if status not in (401, 403):
+        return None
+    detail = ""
+    try:
+        body = getattr(response, "body", None)
+        detail = str(json.loads(body if body is not None else response.content)["detail"])
+    except Exception:
+        pass
+    return AuthenticationError(
+        f"{where} refused the connection (HTTP {status}{': ' + detail if detail else ''}); "
+        "send the server's token with headers={'Authorization': 'Bearer <token>'}",
+        status,
+    )
 
 
 class ToolCallError(EnvClientError):

@@ -27,7 +27,7 @@ import threading
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, Callable, Dict, Generic, List, Optional, Tuple, TypeVar
 
-from .client_errors import EnvClientError, SessionLostError, error_from_frame
+from .client_errors import EnvClientError, SessionLostError, error_from_frame, refused_credentials
 from .client_types import StepResult
 from .utils import Endpoint, parse_endpoint, timeout_after, within
 
@@ -396,6 +396,9 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
                 ws = await connect(url, **options)
         except Exception as exc:
             where = f"{url} (unix socket {endpoint.uds})" if endpoint.uds else url
+            refused = refused_credentials(exc, where)
+            if refused is not None:
+                raise refused from exc
             raise ConnectionError(f"Failed to connect to {where}: {exc}") from exc
         self._ws, self._ws_loop = ws, loop
         self._io_lock = asyncio.Lock()

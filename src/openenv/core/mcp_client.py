@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Set
 
 from pydantic import ConfigDict
 
-from .client_errors import CapacityReachedError, SessionError, ToolCallError
+from .client_errors import CapacityReachedError, SessionError, ToolCallError, refused_credentials
 from .client_types import StepResult
 from .env_client import EnvClient
 from .env_server.mcp_types import (
@@ -141,6 +141,9 @@ class MCPClientBase(EnvClient[Any, Observation, State]):
         try:
             body = await self._http_rpc(endpoint, "openenv/session/create", {})
         except Exception as exc:
+            refused = refused_credentials(exc, f"{endpoint.http_url}/mcp")
+            if refused is not None:
+                raise refused from exc
             raise ConnectionError(
                 f"Failed to create MCP session at {endpoint.http_url}/mcp: {exc or type(exc).__name__}"
             ) from exc

@@ -64,7 +64,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Serve an environment on [bold]http://HOST:PORT[/], in the sandbox unless told otherwise.
 
-        The server runs isolated (its own namespaces, no network, a read-only system, memory and process limits) and listens on a Unix socket; this command forwards TCP connections to it, prints the server's log and a client snippet to paste. Ctrl-C stops everything.
+        The server runs isolated (its own namespaces, no network, a read-only system, memory and process limits) and listens on a Unix socket; this command forwards TCP connections to it, prints the server's log and a client snippet to paste. Ctrl-C stops everything. With OPENENV_AUTH_TOKEN set, the server requires it as a bearer token from every client.
         """
         manifest = load_package(path)
         env_vars = _server_env(host, env, max_sessions)
@@ -81,6 +81,9 @@ def _server_env(host: str, pairs: List[str], max_sessions: Optional[int]) -> Dic
         # Every client reaches the server through this command's forwarder, on a Unix socket,
         # so the server would take them all for local ones and send them exception texts.
         env_vars.setdefault("OPENENV_ERROR_DETAILS", "0")
+    token = os.environ.get("OPENENV_AUTH_TOKEN")
+    if token:  # handed on in the environment, never on a command line
+        env_vars.setdefault("OPENENV_AUTH_TOKEN", token)
     return env_vars
 
 
@@ -259,8 +262,16 @@ class _Serve:
             else "NOT isolated: it can reach this machine's files and network"
         )
         err.print(f"[bold green]Serving[/] {self.manifest.name} at [bold]{url}[/] ({isolation})")
-        if host in ("0.0.0.0", "::"):
-            err.print("[yellow]Listening on every interface: anyone who can reach this machine can use it.[/]")
+        token = self.env_vars.get("OPENENV_AUTH_TOKEN")
+        if token:
+            err.print(
+                "Clients must send [bold]Authorization: Bearer $OPENENV_AUTH_TOKEN[/] (add headers= to the snippet)."
+            )
+        elif host in ("0.0.0.0", "::"):
+            err.print(
+                "[yellow]Listening on every interface: anyone who can reach this machine can use it[/] "
+                "(set OPENENV_AUTH_TOKEN to require a token)."
+            )
         err.print("Paste this into Python to use it (Ctrl-C here stops the server):\n")
         sys.stdout.write(f"{url}\n\n{client_snippet(self.manifest.path, url)}\n\n")
         sys.stdout.flush()

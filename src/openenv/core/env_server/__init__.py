@@ -78,6 +78,7 @@ _EXPORTS.update(
         "StepTimeoutError": ".exceptions",
         "WorkersStuckError": ".exceptions",
         "EnvironmentCallError": ".exceptions",
+        "EnvironmentResultError": ".exceptions",
         "deserialize_action": ".serialization",
         "deserialize_action_with_preprocessing": ".serialization",
         "serialize_observation": ".serialization",

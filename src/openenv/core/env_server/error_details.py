@@ -6,15 +6,18 @@ method, an MCP request that is not a tool call, opening a session) is answered w
 the exception's text in every such answer, to anyone who can reach the server (spec §14.19):
 paths, hostnames, pieces of configuration. Here the answer depends on who asked:
 
-* a client on this machine (a loopback address, a Unix socket, Starlette's in-process
-  ``TestClient``) gets the text: a trainer debugging its own environment needs it;
+* a client on this machine gets the text: a trainer debugging its own environment needs it.
+  That is a loopback peer, no peer at all (a Unix socket, where uvicorn names none) or
+  Starlette's in-process ``TestClient``, and every address a proxy says it forwards for
+  (``X-Forwarded-For``, ``Forwarded``, ``X-Real-IP``) loopback too;
 * any other client gets the exception's type and an incident id. The text and the traceback
   are in the server's log, under that id, for every client.
 
-``create_app(..., error_details=True|False)`` or ``$OPENENV_ERROR_DETAILS`` (``1``/``0``; ``auto``
-is the default above) fixes the choice for every client. Behind a reverse proxy on the same
-host every client would look local unless the proxy sends ``X-Forwarded-For`` (uvicorn reads it
-from proxies in ``--forwarded-allow-ips``, 127.0.0.1 by default).
+``$OPENENV_ERROR_DETAILS`` (``1``/``0``, or ``auto`` for the rule above) or, when it is not set,
+``create_app(..., error_details=True|False)`` fixes the choice for every client. A reverse proxy
+on this machine must send ``X-Forwarded-For`` (or ``Forwarded``), or every client looks local.
+Trusting every proxy (uvicorn's ``--forwarded-allow-ips='*'``) lets any client name itself
+127.0.0.1. An environment used directly (no server, no request) keeps its texts.
 
 Not covered, on purpose: a tool's failure is the tool's answer to the agent and is worded by
 FastMCP, whose own ``mask_error_details`` hides the text; messages OpenEnv writes itself
@@ -28,28 +31,29 @@ import ipaddress
 import logging
 import os
 import secrets
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterator, Optional
 
-from .exceptions import EnvironmentCallError
+from .exceptions import EnvironmentCallError, OpenEnvError
 
 ENV_VAR = "OPENENV_ERROR_DETAILS"
 
-# Set for each HTTP request and WebSocket connection by the app's outermost middleware; nothing
-# set (an answer built outside a request) says nothing.
-_shown: contextvars.ContextVar[bool] = contextvars.ContextVar("openenv_error_details", default=False)
+# Set for each HTTP request and WebSocket connection by the app's outermost middleware. Unset, no
+# server's client is being answered (an environment used directly, in a script or a test).
+_shown: contextvars.ContextVar[Optional[bool]] = contextvars.ContextVar("openenv_error_details", default=None)
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
 
 def configured(value: Optional[bool]) -> Optional[bool]:
-    """The server's choice: ``value``, else ``$OPENENV_ERROR_DETAILS``; None leaves it to each client's address."""
-    if value is not None:
-        if not isinstance(value, bool):
-            raise TypeError(f"error_details must be True, False or None, got {value!r}")
-        return value
+    """The server's choice: ``$OPENENV_ERROR_DETAILS`` when set (the deployment decides, as with
+    ``$OPENENV_MAX_SESSIONS``), else ``value``; None leaves it to each client's address."""
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(f"error_details must be True, False or None, got {value!r}")
     raw = os.environ.get(ENV_VAR, "").strip().lower()
-    if raw in ("", "auto"):
+    if raw == "":
+        return value
+    if raw == "auto":
         return None
     if raw in _TRUE:
         return True
@@ -59,17 +63,45 @@ def configured(value: Optional[bool]) -> Optional[bool]:
 
 
 def peer_is_local(scope: Dict[str, Any]) -> bool:
-    """Whether the ASGI ``scope``'s client is on this machine."""
+    """Whether the ASGI ``scope``'s client is on this machine: its address (uvicorn names no peer
+    on a Unix socket) and every address a proxy says it forwards for (``X-Forwarded-For``,
+    ``Forwarded``, ``X-Real-IP``; uvicorn rewrites the peer only for proxies it trusts, but a
+    proxy in front of a Unix socket or on another loopback address still sends them)."""
     client = scope.get("client")
-    if not client:
-        return True  # a Unix socket: uvicorn names no peer
-    host = client[0]
-    if host == "testclient":  # Starlette's TestClient calls the app in-process
-        return True
+    if client and client[0] != "testclient" and not _is_loopback(client[0]):  # TestClient: in-process
+        return False
+    for name, value in scope.get("headers", ()):
+        if name in _FORWARDING:
+            for host in _forwarded_hosts(name, value.decode("latin-1")):
+                if not _is_loopback(host):
+                    return False
+    return True
+
+
+_FORWARDING = frozenset({b"x-forwarded-for", b"forwarded", b"x-real-ip"})
+
+
+def _forwarded_hosts(name: bytes, value: str) -> Iterator[str]:
+    for element in value.split(","):
+        if name != b"forwarded":
+            yield element.strip()
+            continue
+        for pair in element.split(";"):  # RFC 7239: for="[2001:db8::1]:4711";proto=https
+            key, _, host = pair.partition("=")
+            if key.strip().lower() == "for":
+                host = host.strip().strip('"')
+                if host.startswith("["):
+                    host = host[1:].partition("]")[0]
+                elif host.count(":") == 1:
+                    host = host.partition(":")[0]
+                yield host
+
+
+def _is_loopback(host: str) -> bool:
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
-        return False
+        return False  # a name, "unknown", an obfuscated identifier: not known to be here
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
     return address.is_loopback
@@ -86,10 +118,12 @@ def leave(token: contextvars.Token) -> None:
 
 def describe(exc: BaseException, log: logging.Logger, what: str) -> str:
     """Log ``exc`` (with its traceback and an incident id) as ``what``, and return the text the
-    current client is to be sent: the exception's own text, or its type and the incident id."""
+    current client is to be sent: the exception's own text, or its type and the incident id.
+    OpenEnv's own exceptions (capacity, sessions, timeouts, an environment's result of the wrong
+    kind) say nothing of the environment's internals and are sent as they are."""
     name = exc.name if isinstance(exc, EnvironmentCallError) else type(exc).__name__
     incident = secrets.token_hex(4)
     log.error("%s (incident %s)", what, incident, exc_info=exc)
-    if _shown.get():
+    if isinstance(exc, OpenEnvError) or _shown.get() is not False:
         return str(exc) or name
     return f"{name} raised in the environment; details are in the server's log (incident {incident})"

@@ -98,6 +98,11 @@ class WorkersStuckError(StepTimeoutError):
         Exception.__init__(self, self.message)
 
 
+class EnvironmentResultError(OpenEnvError, TypeError):
+    """An environment method returned a value of the wrong kind for its route (a Task API
+    method's list or count, say): answered as an execution error, in OpenEnv's own words."""
+
+
 class EnvironmentCallError(RuntimeError):
     """A call in the pool raised what an awaiting coroutine cannot be handed as it is:
     ``StopIteration`` (a future refuses it) or a ``BaseException`` that is not an ``Exception``

@@ -27,10 +27,12 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
+from . import auth
 from . import error_details as shown_errors
 from .exceptions import (
     EnvironmentCallError,
     EnvironmentFactoryError,
+    EnvironmentResultError,
     SessionCapacityError,
     SessionCreationError,
     SessionNotFoundError,
@@ -108,12 +110,15 @@ def _error(status: int, code: str, message: str) -> JSONResponse:
 def _observation_response(model: Type[pydantic.BaseModel], observation: Observation) -> Dict[str, Any]:
     payload = serialize_observation(observation)
     reward = payload["reward"]
-    return model(
-        observation=to_jsonable(payload["observation"]),
-        reward=None if reward is None or not math.isfinite(reward) else float(reward),  # JSON has no NaN
-        done=payload["done"],
-        metadata=to_jsonable(payload.get("metadata")),
-    ).model_dump()
+    try:
+        return model(
+            observation=to_jsonable(payload["observation"]),
+            reward=None if reward is None or not math.isfinite(reward) else float(reward),  # JSON has no NaN
+            done=payload["done"],
+            metadata=to_jsonable(payload.get("metadata")),
+        ).model_dump()
+    except pydantic.ValidationError as exc:  # an observation built without validation: not the client's fault
+        raise EnvironmentCallError(exc) from exc
 
 
 class HTTPEnvServer:
@@ -124,9 +129,11 @@ class HTTPEnvServer:
     ``step_timeout_s`` (or ``$OPENENV_STEP_TIMEOUT_S``) bounds every reset/step/state/tool call;
     ``max_message_size_mb`` (or ``$OPENENV_MAX_MESSAGE_MB``) bounds frames and request bodies.
     ``$OPENENV_MAX_SESSIONS``, when set, overrides the number of concurrent sessions.
-    ``error_details`` (or ``$OPENENV_ERROR_DETAILS``) says whether error answers carry the text of
-    an exception the environment raised; by default only clients on this machine get it
-    (see :mod:`openenv.core.env_server.error_details`).
+    ``error_details`` says whether error answers carry the text of an exception the environment
+    raised (``$OPENENV_ERROR_DETAILS``, when set, decides instead); by default only clients on
+    this machine get it (see :mod:`openenv.core.env_server.error_details`). ``auth_token`` (or ``$OPENENV_AUTH_TOKEN``)
+    makes every route but ``/health`` require ``Authorization: Bearer <token>``
+    (see :mod:`openenv.core.env_server.auth`).
     """
 
     def __init__(
@@ -144,6 +151,7 @@ class HTTPEnvServer:
         max_message_size_mb: Optional[float] = None,
         worker_threads: Optional[int] = None,
         error_details: Optional[bool] = None,
+        auth_token: Optional[str] = None,
     ) -> None:
         if isinstance(env, Environment) or not callable(env):
             raise TypeError(
@@ -178,6 +186,7 @@ class HTTPEnvServer:
             max_message_size_mb = float(os.environ.get("OPENENV_MAX_MESSAGE_MB", DEFAULT_MAX_MESSAGE_MB))
         self.max_message_chars = int(max_message_size_mb * 1024 * 1024)
         self.error_details = shown_errors.configured(error_details)
+        self.auth_token = auth.configured(auth_token)
         self.manager.prepare = self.prepare_session
         self.mcp = MCPDispatcher(self.manager, action_cls, self.env_name)
         self.connection_watch = ConnectionWatch()
@@ -488,10 +497,9 @@ class HTTPEnvServer:
             elif rpc.method == "initialize":
                 try:
                     session = await server.mcp.create_session()
-                except (SessionCapacityError, EnvironmentFactoryError) as exc:
-                    return _rpc(
-                        JsonRpcResponse.error_response(JsonRpcErrorCode.SERVER_ERROR, exc.message, None, rpc.id)
-                    )
+                except Exception as exc:  # capacity, a failing factory, shutdown, ...: a JSON-RPC error
+                    message = shown_errors.describe(exc, logger, "could not open an MCP session")
+                    return _rpc(JsonRpcResponse.error_response(JsonRpcErrorCode.SERVER_ERROR, message, None, rpc.id))
                 headers["mcp-session-id"] = session.id
             response = await server.mcp.dispatch(rpc, session=session, mcp_dialect=mcp_dialect)
             if response is None:
@@ -660,21 +668,21 @@ _LIST_RESULTS = frozenset({"list_splits", "list_tasks", "get_task_range"})
 
 
 def _checked_result(method: str, result: Any) -> Any:
-    """``result`` of a TaskProvider method, refused (TypeError, a 500) when of the wrong kind;
+    """``result`` of a TaskProvider method, refused (:class:`EnvironmentResultError`, a 500) when of the wrong kind;
     numpy arrays and integers count as lists and ints."""
     if method in _LIST_RESULTS:
         to_list = getattr(result, "tolist", None)
         if callable(to_list) and not isinstance(result, (list, tuple)):
             result = to_list()
         if not isinstance(result, (list, tuple)):
-            raise TypeError(f"{method}() returned {type(result).__name__}, not a list")
+            raise EnvironmentResultError(f"{method}() returned {type(result).__name__}, not a list")
     elif method == "num_tasks":
         if isinstance(result, bool):
-            raise TypeError("num_tasks() returned bool, not an int")
+            raise EnvironmentResultError("num_tasks() returned bool, not an int")
         try:
             result = operator.index(result)
         except TypeError:
-            raise TypeError(f"num_tasks() returned {type(result).__name__}, not an int") from None
+            raise EnvironmentResultError(f"num_tasks() returned {type(result).__name__}, not an int") from None
     return result
 
 
@@ -736,6 +744,7 @@ def create_fastapi_app(
     max_message_size_mb: Optional[float] = None,
     worker_threads: Optional[int] = None,
     error_details: Optional[bool] = None,
+    auth_token: Optional[str] = None,
 ) -> FastAPI:
     """A FastAPI app serving ``env`` (see :class:`HTTPEnvServer`); ``mode`` defaults to ``$OPENENV_MODE``."""
     app = FastAPI(
@@ -764,6 +773,7 @@ def create_fastapi_app(
         max_message_size_mb=max_message_size_mb,
         worker_threads=worker_threads,
         error_details=error_details,
+        auth_token=auth_token,
     )
     server.register_routes(app, _resolve_mode(mode))
     app.state.openenv_server = server
@@ -790,11 +800,13 @@ def create_app(
     max_message_size_mb: Optional[float] = None,
     worker_threads: Optional[int] = None,
     error_details: Optional[bool] = None,
+    auth_token: Optional[str] = None,
 ) -> FastAPI:
     """The app for an environment: what ``server/app.py`` of an environment package exports.
 
     Same signature as OpenEnv 0.10's ``create_app`` plus ``step_timeout_s``,
-    ``max_message_size_mb``, ``worker_threads`` and ``error_details`` (see :class:`HTTPEnvServer`). ``ENABLE_WEB_INTERFACE`` asks for the web
+    ``max_message_size_mb``, ``worker_threads``, ``error_details`` and ``auth_token`` (see
+    :class:`HTTPEnvServer`). ``ENABLE_WEB_INTERFACE`` asks for the web
     playground, which this release does not ship: a warning says so and the API is served alone.
     """
     if os.environ.get("ENABLE_WEB_INTERFACE", "").lower() in ("1", "true", "yes"):
@@ -813,4 +825,5 @@ def create_app(
         max_message_size_mb=max_message_size_mb,
         worker_threads=worker_threads,
         error_details=error_details,
+        auth_token=auth_token,
     )

@@ -24,11 +24,18 @@ import pydantic_core
 from fastmcp.exceptions import FastMCPError
 from fastmcp.tools.function_tool import FunctionTool
 
-try:  # FastMCP's tests for an upstream API's 429 and timeouts (newer FastMCP releases)
+try:  # FastMCP's tests for an upstream API's 429 and timeouts (FastMCP 4: httpx and httpx2)
     from fastmcp.utilities.exceptions import get_http_status_code as _http_status_code
     from fastmcp.utilities.exceptions import is_timeout_error as _is_timeout_error
-except ImportError:  # pragma: no cover - older FastMCP says nothing special of them
-    _http_status_code = _is_timeout_error = None  # type: ignore[assignment]
+except ImportError:  # pragma: no cover - FastMCP 3 tests httpx's own exception types
+    import httpx
+
+    def _http_status_code(exc: BaseException) -> Optional[int]:
+        return exc.response.status_code if isinstance(exc, httpx.HTTPStatusError) else None
+
+    def _is_timeout_error(exc: BaseException) -> bool:
+        return isinstance(exc, httpx.TimeoutException)
+
 
 _BENIGN_MIDDLEWARE = frozenset({"DereferenceRefsMiddleware"})
 
@@ -48,9 +55,9 @@ def body_error_message(exc: ToolBodyError, name: str, mask: bool) -> str:
     429 or timeout, then ``Error calling tool 'name'`` (``mask``: its ``mask_error_details``)
     with the exception's text after a colon unless masked."""
     original = exc.original
-    if _http_status_code is not None and _http_status_code(original) == 429:
+    if _http_status_code(original) == 429:
         return "Rate limited by upstream API, please retry later"
-    if _is_timeout_error is not None and _is_timeout_error(original):
+    if _is_timeout_error(original):
         return "Upstream request timed out, please retry"
     return f"Error calling tool {name!r}" if mask else f"Error calling tool {name!r}: {original}"
 

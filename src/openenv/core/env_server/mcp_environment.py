@@ -21,6 +21,7 @@ from fastmcp import exceptions as fastmcp_errors
 from fastmcp.tools import Tool as FastMCPTool
 
 from ..utils import run_async_safely, timeout_after
+from . import error_details as shown_errors
 from .exceptions import EnvironmentCallError
 from .interfaces import Environment, Transform
 from .mcp_direct import DirectTool, DirectTools, ToolBodyError, body_error_message, tool_result_payload
@@ -77,6 +78,10 @@ def _failure(exc: BaseException, name: str, mask: bool = False) -> ToolCallFaile
     reads as FastMCP would word it)."""
     if isinstance(exc, ToolCallFailed):
         return exc
+    if mask and isinstance(exc, EnvironmentCallError):  # SystemExit, CancelledError... of the tool
+        return ToolCallFailed(
+            ToolError(error_type=ToolErrorType.EXECUTION_ERROR, message=f"Error calling tool {name!r}")
+        )
     if isinstance(exc, ToolBodyError):
         message = body_error_message(exc, name, mask)
         return ToolCallFailed(ToolError(error_type=ToolErrorType.EXECUTION_ERROR, message=message))
@@ -284,9 +289,9 @@ class MCPEnvironment(Environment):
             if not _HAS_CANCELLING or asyncio.current_task().cancelling():  # type: ignore[union-attr]
                 raise  # a real cancellation (on 3.10 _own_task turned the tool's own into ToolCancelled)
             # The tool raised CancelledError itself (a cancelled inner task it awaited, say).
-            raise _failure(EnvironmentCallError(exc), name) from exc
+            raise _failure(EnvironmentCallError(exc), name, self._masks_errors()) from exc
         except (SystemExit, GeneratorExit, _ToolCancelled) as exc:  # the tool's (KeyboardInterrupt is the user's)
-            raise _failure(EnvironmentCallError(exc), name) from exc
+            raise _failure(EnvironmentCallError(exc), name, self._masks_errors()) from exc
         except Exception as exc:
             # Only this deadline is a TIMEOUT: a TimeoutError the tool raised is its own failure, and a
             # cancellation from outside (the server's step timeout, a client gone) is not caught here.
@@ -305,7 +310,12 @@ class MCPEnvironment(Environment):
             value = await direct.call(arguments, self._run_sync)
             return direct.payload(value) if as_payload else direct.tool.convert_result(value)
         if mode_tool is not None:
-            result = await mode_tool.run(arguments)
+            try:
+                result = await mode_tool.run(arguments)
+            except (fastmcp_errors.FastMCPError, pydantic.ValidationError):
+                raise  # FastMCP's own errors and bad arguments pass as they are, as in FastMCP.call_tool
+            except Exception as exc:  # the tool's own failure: worded as FastMCP words it
+                raise ToolBodyError(exc) from exc
         else:
             result = await self.mcp_server.call_tool(name, arguments)
         return tool_result_payload(result) if as_payload else result
@@ -335,7 +345,8 @@ class MCPEnvironment(Environment):
         try:
             tools = await self.list_tools_async()
         except Exception as exc:
-            return ListToolsObservation(tools=[], metadata={"error": str(exc), "error_type": "list_tools_failed"})
+            error = shown_errors.describe(exc, logger, "listing MCP tools failed")
+            return ListToolsObservation(tools=[], metadata={"error": error, "error_type": "list_tools_failed"})
         return ListToolsObservation(tools=tools)
 
     async def _handle_call_tool_async(

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Deque, Dict, Optional, Set
 
 import pydantic
 
+from . import auth
 from . import error_details as shown_errors
 from .exceptions import (
     EnvironmentCallError,
@@ -130,6 +131,10 @@ class WSEndpoint:
         kind = scope["type"]
         if kind == "lifespan":
             await self.app(scope, receive, send)
+            return
+        token = self.server.auth_token
+        if token is not None and not auth.authorized(scope, token) and _route_path(scope) not in auth.OPEN_PATHS:
+            await auth.refuse(scope, receive, send)
             return
         shown = shown_errors.enter(scope, self.server.error_details)  # what error answers may say
         try:

@@ -1,0 +1,79 @@
+"""A bearer token in front of every route but ``/health`` (spec §14.16: upstream has no auth).
+
+Off unless asked for: ``create_app(..., auth_token=...)`` or ``$OPENENV_AUTH_TOKEN``. Then every
+HTTP request and WebSocket handshake must carry ``Authorization: Bearer <token>``; anything else
+is answered 401 (``{"detail", "code": "UNAUTHORIZED"}``, ``WWW-Authenticate: Bearer``) before a
+route runs, a body is read or a session is made. A WebSocket is refused during its handshake, so
+the client sees the 401 too. ``GET /health`` stays open for load balancers and health polls.
+
+Clients send the token as a header: ``EnvClient(base_url, headers={"Authorization": "Bearer
+<token>"})`` (upstream's clients take the same ``headers``), ``httpx`` / ``curl -H``, or the
+``mcp`` SDK's ``streamablehttp_client(url, headers=...)``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+from typing import Any, Dict, Optional
+
+ENV_VAR = "OPENENV_AUTH_TOKEN"
+MIN_LENGTH = 16
+OPEN_PATHS = frozenset({"/health"})
+
+_HINT = 'make one with: python -c "import secrets; print(secrets.token_urlsafe(32))"'
+
+
+def configured(token: Optional[str]) -> Optional[bytes]:
+    """The token the server requires (``token``, else ``$OPENENV_AUTH_TOKEN``), or None."""
+    if token is None:
+        token = os.environ.get(ENV_VAR) or None
+        source = ENV_VAR
+    else:
+        source = "auth_token"
+    if token is None:
+        return None
+    if not isinstance(token, str):
+        raise TypeError(f"auth_token must be a str, got {type(token).__name__}")
+    if len(token) < MIN_LENGTH:
+        raise ValueError(f"{source} must be at least {MIN_LENGTH} characters; {_HINT}")
+    if not all("!" <= ch <= "~" for ch in token):
+        raise ValueError(f"{source} must be printable ASCII without spaces (it travels in a header); {_HINT}")
+    return token.encode()
+
+
+def authorized(scope: Dict[str, Any], token: bytes) -> bool:
+    """Whether the request or handshake of ``scope`` carries ``token`` (compared in constant time)."""
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            scheme, _, credentials = value.partition(b" ")
+            return scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(), token)
+    return False
+
+
+def _why(scope: Dict[str, Any]) -> str:
+    for name, _ in scope.get("headers", ()):
+        if name == b"authorization":
+            return "this server did not accept the token sent"
+    return "this server requires a token: send the header 'Authorization: Bearer <token>'"
+
+
+async def refuse(scope: Dict[str, Any], receive: Any, send: Any) -> None:
+    """Answer 401 to the HTTP request or WebSocket handshake of ``scope``."""
+    body = json.dumps({"detail": _why(scope), "code": "UNAUTHORIZED"}).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"www-authenticate", b"Bearer"),
+    ]
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": 401, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        return
+    await receive()  # websocket.connect: the handshake to answer
+    if "websocket.http.response" in (scope.get("extensions") or {}):
+        await send({"type": "websocket.http.response.start", "status": 401, "headers": headers})
+        await send({"type": "websocket.http.response.body", "body": body})
+    else:  # a server without the extension: a close before accepting is its 403
+        await send({"type": "websocket.close", "code": 1008})

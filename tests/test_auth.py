@@ -1,0 +1,153 @@
+"""The bearer token in front of every route but /health, on live servers: HTTP, /ws, WS /mcp,
+POST /mcp, our clients and the official MCP SDK client."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import httpx
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
+
+from openenv.core import AuthenticationError
+from openenv.core.env_server.http_server import create_app
+from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
+
+from .conftest import counter_app, serve, until
+from .envs import CounterAction, CounterClient, ToolEnv
+
+TOKEN = "s3cret-token-for-the-tests-0123456789"
+GOOD = {"Authorization": f"Bearer {TOKEN}"}
+WRONG = {"Authorization": "Bearer not-the-token-at-all-000"}
+
+
+def _ws_url(server, path: str = "/ws") -> str:
+    return server.base_url.replace("http", "ws", 1) + path
+
+
+def test_every_route_but_health_needs_the_token() -> None:
+    app = counter_app(auth_token=TOKEN)
+    with serve(app) as server:
+        url = server.base_url
+        assert httpx.get(f"{url}/health").status_code == 200
+        for method, path, body in [
+            ("GET", "/schema", None),
+            ("GET", "/metadata", None),
+            ("GET", "/docs", None),
+            ("GET", "/openapi.json", None),
+            ("POST", "/reset", {}),
+            ("POST", "/step", {"action": {"delta": 1}}),
+            ("GET", "/state", None),
+            ("POST", "/mcp", {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}),
+            ("GET", "/list_environments", None),
+            ("POST", "/counter/num_tasks", {}),
+        ]:
+            for headers in (None, WRONG, {"Authorization": TOKEN}, {"Authorization": f"Basic {TOKEN}"}):
+                response = httpx.request(method, url + path, json=body, headers=headers)
+                assert response.status_code == 401, (path, headers)
+                assert response.headers["www-authenticate"] == "Bearer"
+                assert response.json()["code"] == "UNAUTHORIZED"
+            assert httpx.request(method, url + path, json=body, headers=GOOD).status_code != 401, path
+            lower = {"authorization": f"bearer  {TOKEN}"}  # header and scheme in any case
+            assert httpx.request(method, url + path, json=body, headers=lower).status_code != 401, path
+        assert "requires a token" in httpx.get(f"{url}/schema").json()["detail"]
+        assert "did not accept" in httpx.get(f"{url}/schema", headers=WRONG).json()["detail"]
+        # nothing was made for the refused calls
+        assert app.state.openenv_server.active_sessions == 0
+
+
+async def test_a_websocket_without_the_token_is_refused_in_its_handshake() -> None:
+    app = counter_app(auth_token=TOKEN)
+    openenv = app.state.openenv_server
+    with serve(app) as server:
+        for path in ("/ws", "/mcp"):
+            for headers in (None, WRONG):
+                with pytest.raises(InvalidStatus) as refused:
+                    async with connect(_ws_url(server, path), additional_headers=headers):
+                        pass
+                assert refused.value.response.status_code == 401
+                assert json.loads(refused.value.response.body)["code"] == "UNAUTHORIZED"
+        assert openenv.active_sessions == 0
+        async with connect(_ws_url(server), additional_headers=GOOD) as ws:
+            await ws.send(json.dumps({"type": "reset", "data": {}}))
+            assert json.loads(await ws.recv())["type"] == "observation"
+        await until(lambda: openenv.active_sessions == 0)
+
+
+async def test_our_client_says_what_is_missing_and_works_with_the_header() -> None:
+    with serve(counter_app(auth_token=TOKEN)) as server:
+        client = CounterClient(base_url=server.base_url)
+        with pytest.raises(AuthenticationError) as refused:
+            await client.reset()
+        assert isinstance(refused.value, ConnectionError) and refused.value.status == 401
+        message = str(refused.value)
+        assert "HTTP 401" in message and "requires a token" in message and "headers=" in message
+        assert TOKEN not in message
+        copy = pickle.loads(pickle.dumps(refused.value))
+        assert (type(copy), str(copy), copy.status) == (AuthenticationError, message, 401)
+        await client.close()
+
+        async with CounterClient(base_url=server.base_url, headers=GOOD) as client:
+            await client.reset()
+            assert (await client.step(CounterAction(delta=4))).observation.value == 4
+        with CounterClient(base_url=server.base_url, headers=GOOD).sync() as client:
+            client.reset()
+            assert client.step(CounterAction(delta=2)).observation.value == 2
+        with pytest.raises(AuthenticationError, match="did not accept"):
+            with CounterClient(base_url=server.base_url, headers=WRONG).sync() as client:
+                client.reset()
+
+
+def _tool_app(**kwargs):
+    return create_app(ToolEnv, CallToolAction, CallToolObservation, env_name="tools", **kwargs)
+
+
+async def test_mcp_clients_send_the_token_as_a_header() -> None:
+    import mcp
+
+    from openenv.core.mcp_client import MCPToolClient
+
+    with serve(_tool_app(auth_token=TOKEN)) as server:
+        async with MCPToolClient(base_url=server.base_url, headers=GOOD) as client:
+            assert "add" in {tool.name for tool in await client.list_tools()}
+            assert await client.call_tool("add", a=2, b=3) == 5
+        with pytest.raises(AuthenticationError, match="HTTP 401"):
+            async with MCPToolClient(base_url=server.base_url) as client:
+                await client.list_tools()
+
+        url = server.base_url + "/mcp"
+        if hasattr(mcp, "Client"):  # mcp >= 2: headers go on its HTTP client
+            import httpx2
+            from mcp.client.streamable_http import streamable_http_client
+
+            async with httpx2.AsyncClient(headers=GOOD) as http_client:
+                async with mcp.Client(streamable_http_client(url, http_client=http_client)) as session:
+                    result = await session.call_tool("add", {"a": 20, "b": 22})
+        else:  # mcp 1.x
+            from mcp.client.streamable_http import streamablehttp_client
+
+            async with streamablehttp_client(url, headers=GOOD) as (read, write, _):
+                async with mcp.ClientSession(read, write) as session:
+                    await session.initialize()
+                    result = await session.call_tool("add", {"a": 20, "b": 22})
+        assert result.content[0].text == "42"
+
+
+def test_the_token_comes_from_the_environment_and_must_be_a_real_one(monkeypatch) -> None:
+    monkeypatch.setenv("OPENENV_AUTH_TOKEN", TOKEN)
+    with serve(counter_app()) as server:
+        assert httpx.get(f"{server.base_url}/schema").status_code == 401
+        assert httpx.get(f"{server.base_url}/schema", headers=GOOD).status_code == 200
+    monkeypatch.setenv("OPENENV_AUTH_TOKEN", "")  # empty: no token
+    with serve(counter_app()) as server:
+        assert httpx.get(f"{server.base_url}/schema").status_code == 200
+    monkeypatch.setenv("OPENENV_AUTH_TOKEN", "short")
+    with pytest.raises(ValueError, match=r"OPENENV_AUTH_TOKEN must be at least 16 characters.*secrets"):
+        counter_app()
+    monkeypatch.delenv("OPENENV_AUTH_TOKEN")
+    with pytest.raises(ValueError, match="auth_token must be printable ASCII"):
+        counter_app(auth_token="a token with spaces in it")
+    with pytest.raises(TypeError, match="auth_token must be a str"):
+        counter_app(auth_token=12345678901234567890)
