@@ -527,6 +527,20 @@ def test_a_running_server_given_by_url_passes_the_runtime_checks(capsys):
     assert found["mcp.tools"] == "skipped"
 
 
+def test_a_server_that_wants_a_token_is_validated_with_openenv_auth_token(capsys, monkeypatch):
+    token = "validate-token-0123456789abcdef"
+    with BackgroundServer(
+        create_app(CoinEnv, CoinAction, CoinObservation, state_cls=CoinState, auth_token=token)
+    ) as server:
+        monkeypatch.delenv("OPENENV_AUTH_TOKEN", raising=False)
+        code, report = validate_json(capsys, server.base_url)
+        assert code == 1 and statuses(report)["http.health"] == "passed"  # /health is open
+        assert "HTTP 401" in detail(report, "http.metadata") and "requires a token" in detail(report, "http.metadata")
+        monkeypatch.setenv("OPENENV_AUTH_TOKEN", token)
+        code, report = validate_json(capsys, server.base_url)
+    assert code == 0 and report["passed"] is True, report
+
+
 def test_an_explicit_action_is_the_one_stepped(capsys):
     with BackgroundServer(coin_app(4)) as server:
         code, report = validate_json(capsys, server.base_url, "--action", '{"flips": 5}')

@@ -563,6 +563,12 @@ class _Broken(Exception):
     """The connection failed (closed, timed out, or sent something that is not a JSON object)."""
 
 
+def _auth_headers() -> Dict[str, str]:
+    """The bearer token of ``$OPENENV_AUTH_TOKEN``, for a server that requires one."""
+    token = os.environ.get("OPENENV_AUTH_TOKEN")
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 class _Frames:
     """One ``/ws`` connection, spoken to frame by frame."""
 
@@ -575,7 +581,12 @@ class _Frames:
         from websockets.asyncio.client import connect, unix_connect
 
         url = self.endpoint.ws_url + "/ws"
-        options: Dict[str, Any] = dict(open_timeout=self.timeout_s, max_size=100 * 1024 * 1024, compression=None)
+        options: Dict[str, Any] = dict(
+            open_timeout=self.timeout_s,
+            max_size=100 * 1024 * 1024,
+            compression=None,
+            additional_headers=_auth_headers() or None,
+        )
         try:
             if self.endpoint.uds:
                 self.ws = await unix_connect(self.endpoint.uds, uri=url, **options)
@@ -701,11 +712,17 @@ class _ServerProbe:
     def _http(self) -> Any:
         import httpx
 
+        headers = _auth_headers()
         if self.endpoint.uds:
             transport = httpx.AsyncHTTPTransport(uds=self.endpoint.uds)
-            return httpx.AsyncClient(base_url=self.endpoint.http_url, transport=transport, timeout=self.timeout_s)
+            return httpx.AsyncClient(
+                base_url=self.endpoint.http_url, transport=transport, timeout=self.timeout_s, headers=headers
+            )
         return httpx.AsyncClient(
-            base_url=self.endpoint.http_url, timeout=self.timeout_s, trust_env=not self.endpoint.is_loopback
+            base_url=self.endpoint.http_url,
+            timeout=self.timeout_s,
+            trust_env=not self.endpoint.is_loopback,
+            headers=headers,
         )
 
     async def run(self) -> None:
