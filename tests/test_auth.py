@@ -137,7 +137,7 @@ async def test_mcp_clients_send_the_token_as_a_header() -> None:
 
 def test_the_token_comes_from_the_environment_and_must_be_a_real_one(monkeypatch) -> None:
     monkeypatch.setenv("OPENENV_AUTH_TOKEN", TOKEN)
-    with serve(counter_app()) as server:
+    with serve(counter_app(auth_token="the-apps-own-token-0123456789")) as server:  # the variable wins
         assert httpx.get(f"{server.base_url}/schema").status_code == 401
         assert httpx.get(f"{server.base_url}/schema", headers=GOOD).status_code == 200
     monkeypatch.setenv("OPENENV_AUTH_TOKEN", "")  # empty: no token
@@ -151,3 +151,59 @@ def test_the_token_comes_from_the_environment_and_must_be_a_real_one(monkeypatch
         counter_app(auth_token="a token with spaces in it")
     with pytest.raises(TypeError, match="auth_token must be a str"):
         counter_app(auth_token=12345678901234567890)
+
+
+def test_only_get_and_head_of_health_are_open_and_refusals_close_the_connection() -> None:
+    import socket
+
+    with serve(counter_app(auth_token=TOKEN)) as server:
+        url = server.base_url
+        assert httpx.head(f"{url}/health").status_code == 405  # open, though the route answers GET only
+        for method in ("POST", "PUT", "PATCH", "DELETE", "OPTIONS"):
+            response = httpx.request(method, f"{url}/health", content=b"x" * 1000)
+            assert response.status_code == 401, method
+            assert response.headers["connection"] == "close"
+        # two Authorization headers are refused, whichever of them holds the token
+        for pair in ([GOOD["Authorization"], "Bearer wrong"], ["Bearer wrong", GOOD["Authorization"]]):
+            with socket.create_connection((server.host, server.port)) as raw:
+                head = "".join(f"Authorization: {value}\r\n" for value in pair)
+                raw.sendall(f"GET /schema HTTP/1.1\r\nHost: x\r\n{head}\r\n".encode())
+                assert raw.recv(65536).startswith(b"HTTP/1.1 401"), pair
+        # a body sent without the token is not read: the refusal comes while it is still on its way
+        with socket.create_connection((server.host, server.port)) as raw:
+            raw.sendall(b"POST /health HTTP/1.1\r\nHost: x\r\nContent-Length: 30000000\r\n\r\n" + b"{" * 1000)
+            assert raw.recv(65536).startswith(b"HTTP/1.1 401")
+
+
+async def test_a_refused_handshake_is_not_logged_as_an_error_of_the_app() -> None:
+    import logging
+
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Keep(logging.WARNING)
+    logging.getLogger("uvicorn.error").addHandler(handler)
+    try:
+        with serve(counter_app(auth_token=TOKEN)) as server:
+            for path in ("/ws", "/mcp", "/health"):
+                with pytest.raises(InvalidStatus) as refused:
+                    async with connect(_ws_url(server, path)):
+                        pass
+                assert refused.value.response.status_code == 401, path
+    finally:
+        logging.getLogger("uvicorn.error").removeHandler(handler)
+    assert [r.getMessage() for r in records] == []
+
+
+async def test_a_403_that_is_not_about_a_token_stays_a_plain_connection_error() -> None:
+    from openenv.core.generic_client import GenericEnvClient
+
+    with serve(counter_app()) as server:  # no token; a WebSocket on a path with no route: 403
+        client = GenericEnvClient(base_url=server.base_url + "/nowhere")
+        with pytest.raises(ConnectionError) as failed:
+            await client.reset()
+        assert not isinstance(failed.value, AuthenticationError) and "403" in str(failed.value)
+        await client.close()

@@ -246,16 +246,8 @@ def test_runs_detached_self_removing_named_and_labelled(provider: LocalDockerPro
 def test_env_vars_travel_as_the_environment_mapping(provider: LocalDockerProvider, fake: FakeDockerClient) -> None:
     provider.start_container("openenv-echo", env_vars=SECRETS)
     options = fake.run_options()
-    # and the server is told its clients are local (they come from Docker's bridge address)
-    assert options["environment"] == {**SECRETS, "OPENENV_ERROR_DETAILS": "1"}
+    assert options["environment"] == SECRETS
     assert "command" not in options  # never on a command line
-
-
-def test_the_caller_may_keep_exception_texts_from_the_containers_clients(
-    provider: LocalDockerProvider, fake: FakeDockerClient
-) -> None:
-    provider.start_container("openenv-echo", env_vars={"OPENENV_ERROR_DETAILS": "0"})
-    assert fake.run_options()["environment"] == {"OPENENV_ERROR_DETAILS": "0"}
 
 
 def test_resource_options_reach_the_sdk(provider: LocalDockerProvider, fake: FakeDockerClient) -> None:

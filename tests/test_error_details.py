@@ -271,8 +271,9 @@ async def test_a_failing_tool_listing_says_what_failed_only_to_local_clients() -
     from openenv.core.env_server.mcp_types import ListToolsAction
 
     listing = _failing_listing_env()
-    used_directly = await listing().step_async(ListToolsAction())  # no server: the text stays
-    assert used_directly.metadata == {"error": "cannot read /srv/keys/tools.yaml", "error_type": "list_tools_failed"}
+    used_directly = await listing().step_async(ListToolsAction())  # no request answered: the log has it
+    assert used_directly.metadata["error_type"] == "list_tools_failed"
+    assert "/srv/keys" not in used_directly.metadata["error"] and INCIDENT.search(used_directly.metadata["error"])
     with serve(create_app(listing, CallToolAction, CallToolObservation, env_name="listing")) as server:
         for headers, shown in ((REMOTE, False), (None, True)):
             async with connect(server.base_url.replace("http", "ws") + "/ws", additional_headers=headers) as ws:
@@ -282,3 +283,42 @@ async def test_a_failing_tool_listing_says_what_failed_only_to_local_clients() -
             for seen in (metadata, http.json()["observation"]["metadata"]):
                 assert seen["error_type"] == "list_tools_failed"
                 assert ("/srv/keys" in seen["error"]) is shown and (INCIDENT.search(seen["error"]) is None) is shown
+
+
+class _Wrapper(CounterEnv):
+    """A sync environment (run in a worker thread, which has not the request's context) that asks
+    an inner MCP environment for its tools."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = _failing_listing_env()()
+
+    def step(self, action: Any, timeout_s: Optional[float] = None, **kwargs: Any) -> Any:
+        from openenv.core.env_server.mcp_types import ListToolsAction
+
+        listed = self.inner.step(ListToolsAction())
+        return CounterObservation(value=0, metadata=dict(listed.metadata))
+
+
+def test_an_answer_built_outside_the_requests_context_keeps_the_text_in_the_log() -> None:
+    with serve(create_app(_Wrapper, CounterAction, CounterObservation, env_name="wrapper")) as server:
+        for headers in (REMOTE, None):
+            response = httpx.post(server.base_url + "/step", json={"action": {"delta": 1}}, headers=headers)
+            error = response.json()["observation"]["metadata"]["error"]
+            assert "/srv/keys" not in error and INCIDENT.search(error)
+
+
+class _OwnOpenEnvError(__import__("openenv.core.env_server.exceptions", fromlist=["x"]).OpenEnvError):
+    """An environment's own subclass of OpenEnv's base exception: its text is the environment's."""
+
+
+class _RaisingOwnError(CounterEnv):
+    def step(self, action: Any, timeout_s: Optional[float] = None, **kwargs: Any) -> Any:
+        raise _OwnOpenEnvError("cannot reach postgres://admin:hunter2@db")
+
+
+def test_only_openenvs_own_exception_classes_pass_as_they_are() -> None:
+    with serve(create_app(_RaisingOwnError, CounterAction, CounterObservation, env_name="own")) as server:
+        remote = _http_failure(server, REMOTE)["detail"]
+        assert "hunter2" not in remote and remote.startswith("_OwnOpenEnvError raised in the environment")
+        assert "hunter2" in _http_failure(server)["detail"]

@@ -535,10 +535,24 @@ def test_a_server_that_wants_a_token_is_validated_with_openenv_auth_token(capsys
         monkeypatch.delenv("OPENENV_AUTH_TOKEN", raising=False)
         code, report = validate_json(capsys, server.base_url)
         assert code == 1 and statuses(report)["http.health"] == "passed"  # /health is open
-        assert "HTTP 401" in detail(report, "http.metadata") and "requires a token" in detail(report, "http.metadata")
+        assert "HTTP 401" in detail(report, "http.metadata") and "set OPENENV_AUTH_TOKEN" in detail(
+            report, "http.metadata"
+        )
         monkeypatch.setenv("OPENENV_AUTH_TOKEN", token)
         code, report = validate_json(capsys, server.base_url)
     assert code == 0 and report["passed"] is True, report
+
+
+def test_the_token_is_sent_only_to_servers_on_this_machine(monkeypatch):
+    from openenv.cli._validation import _auth_headers
+    from openenv.core.utils import parse_endpoint
+
+    monkeypatch.setenv("OPENENV_AUTH_TOKEN", "validate-token-0123456789abcdef")
+    sent = {"Authorization": "Bearer validate-token-0123456789abcdef"}
+    for url in ("http://127.0.0.1:8000", "http://localhost:1", "unix:///tmp/env.sock", "http://[::1]:9"):
+        assert _auth_headers(parse_endpoint(url)) == sent, url
+    for url in ("https://someone.hf.space", "http://192.0.2.7:8000"):
+        assert _auth_headers(parse_endpoint(url)) == {}, url
 
 
 def test_an_explicit_action_is_the_one_stepped(capsys):

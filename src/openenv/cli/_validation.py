@@ -563,10 +563,14 @@ class _Broken(Exception):
     """The connection failed (closed, timed out, or sent something that is not a JSON object)."""
 
 
-def _auth_headers() -> Dict[str, str]:
-    """The bearer token of ``$OPENENV_AUTH_TOKEN``, for a server that requires one."""
+_TOKEN_HINT = " (the server wants a token: set OPENENV_AUTH_TOKEN; validate sends it to servers on this machine only)"
+
+
+def _auth_headers(endpoint: Any) -> Dict[str, str]:
+    """The bearer token of ``$OPENENV_AUTH_TOKEN``, for a server on this machine (loopback or a
+    Unix socket) that requires one; never sent elsewhere, where it may not be that server's."""
     token = os.environ.get("OPENENV_AUTH_TOKEN")
-    return {"Authorization": f"Bearer {token}"} if token else {}
+    return {"Authorization": f"Bearer {token}"} if token and endpoint.is_loopback else {}
 
 
 class _Frames:
@@ -585,7 +589,7 @@ class _Frames:
             open_timeout=self.timeout_s,
             max_size=100 * 1024 * 1024,
             compression=None,
-            additional_headers=_auth_headers() or None,
+            additional_headers=_auth_headers(self.endpoint) or None,
         )
         try:
             if self.endpoint.uds:
@@ -712,7 +716,7 @@ class _ServerProbe:
     def _http(self) -> Any:
         import httpx
 
-        headers = _auth_headers()
+        headers = _auth_headers(self.endpoint)
         if self.endpoint.uds:
             transport = httpx.AsyncHTTPTransport(uds=self.endpoint.uds)
             return httpx.AsyncClient(
@@ -763,7 +767,8 @@ class _ServerProbe:
         except Exception as exc:
             return None, f"GET {path} failed: {type(exc).__name__}: {exc}"
         if response.status_code != 200:
-            return None, f"GET {path} answered HTTP {response.status_code}: {response.text[:200]}"
+            hint = _TOKEN_HINT if response.status_code == 401 else ""
+            return None, f"GET {path} answered HTTP {response.status_code}: {response.text[:200]}{hint}"
         try:
             return response.json(), ""
         except ValueError:

@@ -119,19 +119,26 @@ class AuthenticationError(ConnectionError):
         return (type(self), (str(self), self.status))
 
 
-def refused_credentials(exc: BaseException, where: str) -> Optional[AuthenticationError]:
-    """An :class:`AuthenticationError` when ``exc`` is a 401 or 403 answer (a WebSocket
-    handshake's ``InvalidStatus`` or an httpx ``HTTPStatusError``), else None."""
+def refused_credentials(exc: BaseException, where: str, sent_token: bool) -> Optional[AuthenticationError]:
+    """An :class:`AuthenticationError` when ``exc`` (a WebSocket handshake's ``InvalidStatus`` or
+    an httpx ``HTTPStatusError``) is a 401, or a 403 that is about a token: it says
+    ``UNAUTHORIZED``, or one was sent (a server without the WebSocket extension for a 401 answers
+    403). Else None: a 403 is also what a WebSocket on a path with no route gets."""
     response = getattr(exc, "response", None)
     status = getattr(response, "status_code", None)
     if status not in (401, 403):
         return None
-    detail = ""
+    body: Any = {}
     try:
-        body = getattr(response, "body", None)
-        detail = str(json.loads(body if body is not None else response.content)["detail"])
+        raw = getattr(response, "body", None)
+        body = json.loads(raw if raw is not None else response.content)
     except Exception:
         pass
+    if not isinstance(body, dict):
+        body = {}
+    if status == 403 and not sent_token and body.get("code") != "UNAUTHORIZED":
+        return None
+    detail = str(body.get("detail") or "")
     return AuthenticationError(
         f"{where} refused the connection (HTTP {status}{': ' + detail if detail else ''}); "
         "send the server's token with headers={'Authorization': 'Bearer <token>'}",

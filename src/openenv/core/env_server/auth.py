@@ -1,10 +1,12 @@
 """A bearer token in front of every route but ``/health`` (spec §14.16: upstream has no auth).
 
-Off unless asked for: ``create_app(..., auth_token=...)`` or ``$OPENENV_AUTH_TOKEN``. Then every
+Off unless asked for: ``$OPENENV_AUTH_TOKEN`` or, when that is not set,
+``create_app(..., auth_token=...)``. Then every
 HTTP request and WebSocket handshake must carry ``Authorization: Bearer <token>``; anything else
-is answered 401 (``{"detail", "code": "UNAUTHORIZED"}``, ``WWW-Authenticate: Bearer``) before a
-route runs, a body is read or a session is made. A WebSocket is refused during its handshake, so
-the client sees the 401 too. ``GET /health`` stays open for load balancers and health polls.
+is answered 401 (``{"detail", "code": "UNAUTHORIZED"}``, ``WWW-Authenticate: Bearer``, and the
+connection closed) before a route runs, a body is read or a session is made. A WebSocket is
+refused during its handshake, so the client sees the 401 too. ``GET`` (and ``HEAD``) ``/health``
+stays open for load balancers and health polls.
 
 Clients send the token as a header: ``EnvClient(base_url, headers={"Authorization": "Bearer
 <token>"})`` (upstream's clients take the same ``headers``), ``httpx`` / ``curl -H``, or the
@@ -26,10 +28,11 @@ _HINT = 'make one with: python -c "import secrets; print(secrets.token_urlsafe(3
 
 
 def configured(token: Optional[str]) -> Optional[bytes]:
-    """The token the server requires (``token``, else ``$OPENENV_AUTH_TOKEN``), or None."""
-    if token is None:
-        token = os.environ.get(ENV_VAR) or None
-        source = ENV_VAR
+    """The token the server requires: ``$OPENENV_AUTH_TOKEN`` when set (the deployment decides,
+    as with ``$OPENENV_MAX_SESSIONS``), else ``token``; None when neither is."""
+    from_env = os.environ.get(ENV_VAR) or None
+    if from_env is not None:
+        token, source = from_env, ENV_VAR
     else:
         source = "auth_token"
     if token is None:
@@ -43,13 +46,19 @@ def configured(token: Optional[str]) -> Optional[bytes]:
     return token.encode()
 
 
+def is_open(scope: Dict[str, Any], path: str) -> bool:
+    """Whether ``scope`` needs no token: an HTTP GET or HEAD of ``/health``, nothing else."""
+    return scope["type"] == "http" and path in OPEN_PATHS and scope.get("method") in ("GET", "HEAD")
+
+
 def authorized(scope: Dict[str, Any], token: bytes) -> bool:
-    """Whether the request or handshake of ``scope`` carries ``token`` (compared in constant time)."""
-    for name, value in scope.get("headers", ()):
-        if name == b"authorization":
-            scheme, _, credentials = value.partition(b" ")
-            return scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(), token)
-    return False
+    """Whether the request or handshake of ``scope`` carries ``token`` (compared in constant time)
+    in its one ``Authorization`` header (two are refused: a proxy might read the other)."""
+    found = [value for name, value in scope.get("headers", ()) if name == b"authorization"]
+    if len(found) != 1:
+        return False
+    scheme, _, credentials = found[0].partition(b" ")
+    return scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(), token)
 
 
 def _why(scope: Dict[str, Any]) -> str:
@@ -68,6 +77,7 @@ async def refuse(scope: Dict[str, Any], receive: Any, send: Any) -> None:
         (b"www-authenticate", b"Bearer"),
     ]
     if scope["type"] == "http":
+        headers.append((b"connection", b"close"))  # an unread body is not read on, nor the next request
         await send({"type": "http.response.start", "status": 401, "headers": headers})
         await send({"type": "http.response.body", "body": body})
         return

@@ -17,7 +17,8 @@ paths, hostnames, pieces of configuration. Here the answer depends on who asked:
 ``create_app(..., error_details=True|False)`` fixes the choice for every client. A reverse proxy
 on this machine must send ``X-Forwarded-For`` (or ``Forwarded``), or every client looks local.
 Trusting every proxy (uvicorn's ``--forwarded-allow-ips='*'``) lets any client name itself
-127.0.0.1. An environment used directly (no server, no request) keeps its texts.
+127.0.0.1. Where no request is being answered (a worker thread, an environment used directly)
+the text goes to the log only.
 
 Not covered, on purpose: a tool's failure is the tool's answer to the agent and is worded by
 FastMCP, whose own ``mask_error_details`` hides the text; messages OpenEnv writes itself
@@ -37,9 +38,10 @@ from .exceptions import EnvironmentCallError, OpenEnvError
 
 ENV_VAR = "OPENENV_ERROR_DETAILS"
 
-# Set for each HTTP request and WebSocket connection by the app's outermost middleware. Unset, no
-# server's client is being answered (an environment used directly, in a script or a test).
-_shown: contextvars.ContextVar[Optional[bool]] = contextvars.ContextVar("openenv_error_details", default=None)
+# Set for each HTTP request and WebSocket connection by the app's outermost middleware. Unset (a
+# worker thread, which does not inherit the request's context; an environment used directly),
+# nothing tells who will read the answer: the text stays in the log.
+_shown: contextvars.ContextVar[bool] = contextvars.ContextVar("openenv_error_details", default=False)
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -116,14 +118,23 @@ def leave(token: contextvars.Token) -> None:
     _shown.reset(token)
 
 
+def _openenvs_own(exc: BaseException) -> bool:
+    """An exception OpenEnv raises with its own words (capacity, sessions, timeouts, a result of
+    the wrong kind): one of :mod:`.exceptions`' classes itself, not an environment's subclass."""
+    return isinstance(exc, OpenEnvError) and type(exc).__module__ == OpenEnvError.__module__
+
+
 def describe(exc: BaseException, log: logging.Logger, what: str) -> str:
     """Log ``exc`` (with its traceback and an incident id) as ``what``, and return the text the
     current client is to be sent: the exception's own text, or its type and the incident id.
-    OpenEnv's own exceptions (capacity, sessions, timeouts, an environment's result of the wrong
-    kind) say nothing of the environment's internals and are sent as they are."""
+    OpenEnv's own exceptions say nothing of the environment's internals: they are sent as they
+    are and logged without a traceback."""
+    if _openenvs_own(exc):
+        log.warning("%s: %s", what, exc)
+        return str(exc)
     name = exc.name if isinstance(exc, EnvironmentCallError) else type(exc).__name__
     incident = secrets.token_hex(4)
     log.error("%s (incident %s)", what, incident, exc_info=exc)
-    if isinstance(exc, OpenEnvError) or _shown.get() is not False:
+    if _shown.get():
         return str(exc) or name
     return f"{name} raised in the environment; details are in the server's log (incident {incident})"

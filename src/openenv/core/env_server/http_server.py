@@ -131,9 +131,9 @@ class HTTPEnvServer:
     ``$OPENENV_MAX_SESSIONS``, when set, overrides the number of concurrent sessions.
     ``error_details`` says whether error answers carry the text of an exception the environment
     raised (``$OPENENV_ERROR_DETAILS``, when set, decides instead); by default only clients on
-    this machine get it (see :mod:`openenv.core.env_server.error_details`). ``auth_token`` (or ``$OPENENV_AUTH_TOKEN``)
-    makes every route but ``/health`` require ``Authorization: Bearer <token>``
-    (see :mod:`openenv.core.env_server.auth`).
+    this machine get it (see :mod:`openenv.core.env_server.error_details`). ``auth_token``
+    (``$OPENENV_AUTH_TOKEN``, when set, instead) makes every request but ``GET /health`` require
+    ``Authorization: Bearer <token>`` (see :mod:`openenv.core.env_server.auth`).
     """
 
     def __init__(

@@ -133,7 +133,7 @@ class WSEndpoint:
             await self.app(scope, receive, send)
             return
         token = self.server.auth_token
-        if token is not None and not auth.authorized(scope, token) and _route_path(scope) not in auth.OPEN_PATHS:
+        if token is not None and not auth.authorized(scope, token) and not auth.is_open(scope, _route_path(scope)):
             await auth.refuse(scope, receive, send)
             return
         shown = shown_errors.enter(scope, self.server.error_details)  # what error answers may say

@@ -62,3 +62,11 @@ class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
         if size >= READ_AHEAD_MAX_BYTES or self.queue.qsize() >= READ_AHEAD_MESSAGES:
             self.read_paused = True
             self.transport.pause_reading()
+
+    async def send(self, message):  # type: ignore[no-untyped-def]
+        await super().send(message)
+        # A handshake answered with an HTTP response (a refused token's 401) is finished, but
+        # uvicorn does not count it so and logs "ASGI callable returned without completing
+        # handshake" at ERROR for every refusal.
+        if message.get("type") == "websocket.http.response.body" and not message.get("more_body", False):
+            self.handshake_complete = True

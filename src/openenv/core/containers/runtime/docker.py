@@ -304,10 +304,6 @@ class LocalDockerProvider(ContainerProvider):
             )
 
         secrets = tuple(environment.values())
-        # Its clients are on this machine (the port is published on 127.0.0.1, or the container
-        # sits on an internal network), but they reach the server from Docker's bridge, which it
-        # would take for a remote address: let it send them exception texts.
-        environment.setdefault("OPENENV_ERROR_DETAILS", "1")
         name = _container_name(self._name_prefix, image)
         client = self.client
         errors = self._docker.errors
