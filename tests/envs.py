@@ -209,6 +209,20 @@ class ToolEnv(MCPEnvironment):
         super().close()
 
 
+class ToolsOnlyEnv(MCPEnvironment):
+    """An MCP environment whose reset, non-tool steps and state do nothing."""
+
+    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> Observation:
+        return Observation()
+
+    def _step_impl(self, action: Any, timeout_s: Optional[float] = None, **kwargs: Any) -> Observation:
+        return Observation()
+
+    @property
+    def state(self) -> State:
+        return State()
+
+
 class LegacyToolEnv(Environment):
     """An environment that answers MCP actions in its own step (no MCPEnvironment)."""
 

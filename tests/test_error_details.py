@@ -18,7 +18,7 @@ from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
 
 from .conftest import counter_app, serve
-from .envs import CounterAction, CounterClient, CounterEnv, CounterObservation, LegacyToolEnv
+from .envs import CounterAction, CounterClient, CounterEnv, CounterObservation, LegacyToolEnv, ToolsOnlyEnv
 
 REMOTE = {"X-Forwarded-For": "203.0.113.7"}  # a documentation address: not this machine
 TEXT = "the step failed on purpose"  # what CounterEnv's failing step raises
@@ -243,26 +243,13 @@ def _failing_listing_env():
     from fastmcp import FastMCP
     from fastmcp.server.middleware import Middleware
 
-    from openenv.core.env_server.mcp_environment import MCPEnvironment
-    from openenv.core.env_server.types import Observation, State
-
     class FailingListing(Middleware):
         async def on_list_tools(self, context, call_next):
             raise RuntimeError("cannot read /srv/keys/tools.yaml")
 
-    class Listing(MCPEnvironment):
+    class Listing(ToolsOnlyEnv):
         def __init__(self) -> None:
             super().__init__(FastMCP("listing", middleware=[FailingListing()]))
-
-        def reset(self, seed=None, episode_id=None, **kwargs):
-            return Observation()
-
-        def _step_impl(self, action, timeout_s=None, **kwargs):
-            return Observation()
-
-        @property
-        def state(self):
-            return State()
 
     return Listing
 

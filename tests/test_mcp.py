@@ -22,7 +22,7 @@ from openenv.core.env_server.mcp_types import (
 from openenv.core.env_server.types import Observation
 
 from .conftest import serve
-from .envs import TRACKER, LegacyToolEnv, ToolEnv
+from .envs import TRACKER, LegacyToolEnv, ToolEnv, ToolsOnlyEnv
 
 
 def tool_app(**kwargs):
@@ -438,18 +438,7 @@ def _values_tool_env():
         server.tool(lambda value=value: value, name=f"ret_{key}")
         server.tool(lambda value=value: value, name=f"plain_{key}", output_schema=None)
 
-    class ValuesEnv(MCPEnvironment):
-        def reset(self, seed=None, episode_id=None, **kwargs):
-            return Observation()
-
-        def _step_impl(self, action, timeout_s=None, **kwargs):
-            return Observation()
-
-        @property
-        def state(self):
-            return None
-
-    return ValuesEnv(server), values
+    return ToolsOnlyEnv(server), values
 
 
 async def test_direct_tool_results_equal_fastmcps_own():
@@ -519,18 +508,7 @@ def _raising_tools_env(mask: bool):
         server.tool(sync_tool, name=f"inline_{key}", run_in_thread=False)
         server.tool(async_tool, name=f"async_{key}")
 
-    class RaisingEnv(MCPEnvironment):
-        def reset(self, seed=None, episode_id=None, **kwargs):
-            return Observation()
-
-        def _step_impl(self, action, timeout_s=None, **kwargs):
-            return Observation()
-
-        @property
-        def state(self):
-            return None
-
-    return RaisingEnv(server), [f"{kind}_{key}" for key in keys for kind in ("sync", "inline", "async")]
+    return ToolsOnlyEnv(server), [f"{kind}_{key}" for key in keys for kind in ("sync", "inline", "async")]
 
 
 @pytest.mark.parametrize("mask", [False, True], ids=["details", "mask_error_details"])
@@ -580,7 +558,7 @@ async def test_tools_off_the_direct_path_are_worded_and_masked_as_fastmcp_does(m
     def database_url() -> str:
         return "postgres://admin:hunter2@db.internal/prod"
 
-    class Masked(MCPEnvironment):
+    class Masked(ToolsOnlyEnv):
         def __init__(self) -> None:
             super().__init__(FastMCP("masked", mask_error_details=mask))
 
@@ -599,16 +577,6 @@ async def test_tools_off_the_direct_path_are_worded_and_masked_as_fastmcp_does(m
             @self.mcp_server.tool
             async def cancels(x: int) -> int:
                 raise asyncio.CancelledError("job cancelled by /srv/worker/secret.conf")
-
-        def reset(self, seed=None, episode_id=None, **kwargs):
-            return Observation()
-
-        def _step_impl(self, action, timeout_s=None, **kwargs):
-            return Observation()
-
-        @property
-        def state(self):
-            return None
 
     env = Masked()
     env._mode = "simulation"  # what a server in simulation mode sets

@@ -14,11 +14,10 @@ from fastmcp import FastMCP
 
 from openenv.core.env_server import mcp_environment
 from openenv.core.env_server.http_server import create_app
-from openenv.core.env_server.mcp_environment import MCPEnvironment
 from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
-from openenv.core.env_server.types import Observation, State
 
 from .conftest import serve, until
+from .envs import ToolsOnlyEnv
 
 
 class Events:
@@ -32,20 +31,6 @@ class Events:
 
 
 EVENTS = Events()
-
-
-class ToolsOnlyEnv(MCPEnvironment):
-    """An MCP environment whose reset, non-tool steps and state do nothing."""
-
-    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> Observation:
-        return Observation()
-
-    def _step_impl(self, action: Any, timeout_s: Optional[float] = None, **kwargs: Any) -> Observation:
-        return Observation()
-
-    @property
-    def state(self) -> State:
-        return State()
 
 
 class FaultyToolEnv(ToolsOnlyEnv):
