@@ -14,6 +14,11 @@ from openenv.core.env_server.runner import BackgroundServer
 
 from .envs import TRACKER, CounterAction, CounterEnv, CounterObservation, CounterState
 
+# A deployment's settings in the shell running the tests (a token exported for `openenv serve`)
+# would change what every in-process server answers: the tests set them where they mean to.
+for _setting in ("OPENENV_AUTH_TOKEN", "OPENENV_ERROR_DETAILS"):
+    os.environ.pop(_setting, None)
+
 
 @contextlib.contextmanager
 def serve(app: Any, uds: bool = False, **overrides: Any) -> Iterator[BackgroundServer]:

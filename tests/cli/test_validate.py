@@ -543,6 +543,27 @@ def test_a_server_that_wants_a_token_is_validated_with_openenv_auth_token(capsys
     assert code == 0 and report["passed"] is True, report
 
 
+def test_a_package_validate_serves_itself_is_not_sent_the_users_token(tmp_path, capsys, monkeypatch):
+    """The package is the code under test (the sandbox exists for it): the user's token is not
+    its business. Its app here refuses, on every route, any request carrying a token."""
+    app = (DICE / "server" / "app.py").read_text() + textwrap.dedent(
+        """
+
+        @app.middleware("http")
+        async def refuse_tokens(request, call_next):
+            from fastapi.responses import JSONResponse
+
+            if "authorization" in request.headers:
+                return JSONResponse({"detail": "a token reached the package"}, status_code=418)
+            return await call_next(request)
+        """
+    )
+    package = dice_copy(tmp_path, {"server/app.py": app})
+    monkeypatch.setenv("OPENENV_AUTH_TOKEN", "users-own-token-0123456789abcdef")
+    code, report = validate_json(capsys, str(package), "--isolation", "none")
+    assert code == 0 and report["passed"] is True, report
+
+
 def test_the_token_is_sent_only_to_servers_on_this_machine(monkeypatch):
     from openenv.cli._validation import _auth_headers
     from openenv.core.utils import parse_endpoint
@@ -551,7 +572,7 @@ def test_the_token_is_sent_only_to_servers_on_this_machine(monkeypatch):
     sent = {"Authorization": "Bearer validate-token-0123456789abcdef"}
     for url in ("http://127.0.0.1:8000", "http://localhost:1", "unix:///tmp/env.sock", "http://[::1]:9"):
         assert _auth_headers(parse_endpoint(url)) == sent, url
-    for url in ("https://someone.hf.space", "http://192.0.2.7:8000"):
+    for url in ("https://someone.hf.space", "http://192.0.2.7:8000", "http://env.localhost:8000"):
         assert _auth_headers(parse_endpoint(url)) == {}, url
 
 

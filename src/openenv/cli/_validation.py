@@ -159,7 +159,7 @@ def validate_url(
     """Check the running server at ``url`` (``http(s)://...`` or ``unix:///path.sock``)."""
     report = Report(target=url, kind="url")
     progress(f"Checking the server at {url} ...")
-    _run(_ServerProbe(url, report, _Hints(), timeout_s, action).run())
+    _run(_ServerProbe(url, report, _Hints(), timeout_s, action, send_token=True).run())
     return report
 
 
@@ -567,18 +567,32 @@ _TOKEN_HINT = " (the server wants a token: set OPENENV_AUTH_TOKEN; validate send
 
 
 def _auth_headers(endpoint: Any) -> Dict[str, str]:
-    """The bearer token of ``$OPENENV_AUTH_TOKEN``, for a server on this machine (loopback or a
-    Unix socket) that requires one; never sent elsewhere, where it may not be that server's."""
+    """The bearer token of ``$OPENENV_AUTH_TOKEN``, for a server named by URL on this machine (a
+    loopback address, ``localhost`` or a Unix socket) that requires one; never sent elsewhere,
+    where it may not be that server's (a ``*.localhost`` name may be looked up in DNS)."""
     token = os.environ.get("OPENENV_AUTH_TOKEN")
-    return {"Authorization": f"Bearer {token}"} if token and endpoint.is_loopback else {}
+    if not token:
+        return {}
+    if not endpoint.uds:
+        import ipaddress
+        from urllib.parse import urlsplit
+
+        host = urlsplit(endpoint.http_url).hostname or ""
+        try:
+            if host != "localhost" and not ipaddress.ip_address(host).is_loopback:
+                return {}
+        except ValueError:
+            return {}
+    return {"Authorization": f"Bearer {token}"}
 
 
 class _Frames:
     """One ``/ws`` connection, spoken to frame by frame."""
 
-    def __init__(self, endpoint: Any, timeout_s: float) -> None:
+    def __init__(self, endpoint: Any, timeout_s: float, headers: Dict[str, str]) -> None:
         self.endpoint = endpoint
         self.timeout_s = timeout_s
+        self.headers = headers
         self.ws: Any = None
 
     async def __aenter__(self) -> _Frames:
@@ -589,7 +603,7 @@ class _Frames:
             open_timeout=self.timeout_s,
             max_size=100 * 1024 * 1024,
             compression=None,
-            additional_headers=_auth_headers(self.endpoint) or None,
+            additional_headers=self.headers or None,
         )
         try:
             if self.endpoint.uds:
@@ -699,11 +713,19 @@ class _ServerProbe:
     """Runs the run-time checks against one server, adding them to the report in order."""
 
     def __init__(
-        self, base_url: str, report: Report, hints: _Hints, timeout_s: float, action: Optional[Dict[str, Any]]
+        self,
+        base_url: str,
+        report: Report,
+        hints: _Hints,
+        timeout_s: float,
+        action: Optional[Dict[str, Any]],
+        send_token: bool = False,
     ) -> None:
         from openenv.core.utils import parse_endpoint
 
         self.endpoint = parse_endpoint(base_url)
+        # A server validate started itself (a package) has no token: the user's is not its business.
+        self.headers = _auth_headers(self.endpoint) if send_token else {}
         self.report = report
         self.hints = hints
         self.timeout_s = timeout_s
@@ -716,7 +738,7 @@ class _ServerProbe:
     def _http(self) -> Any:
         import httpx
 
-        headers = _auth_headers(self.endpoint)
+        headers = self.headers
         if self.endpoint.uds:
             transport = httpx.AsyncHTTPTransport(uds=self.endpoint.uds)
             return httpx.AsyncClient(
@@ -737,7 +759,7 @@ class _ServerProbe:
             await self._metadata(http)
             await self._schema(http)
             try:
-                async with _Frames(self.endpoint, self.timeout_s) as main:
+                async with _Frames(self.endpoint, self.timeout_s, self.headers) as main:
                     self.main = main
                     await self._mcp_tools(http)
                     if await self._round_trip():
@@ -1072,7 +1094,7 @@ class _ServerProbe:
         assert self.action is not None
         try:
             first = await self._session()
-            async with _Frames(self.endpoint, self.timeout_s) as second:
+            async with _Frames(self.endpoint, self.timeout_s, self.headers) as second:
                 reply = await second.ask({"type": "reset", "data": {"seed": SEED}})
                 if reply.get("type") == "error" and (reply.get("data") or {}).get("code") == "CAPACITY_REACHED":
                     message = (reply.get("data") or {}).get("message", "")

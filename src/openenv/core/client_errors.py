@@ -119,11 +119,10 @@ class AuthenticationError(ConnectionError):
         return (type(self), (str(self), self.status))
 
 
-def refused_credentials(exc: BaseException, where: str, sent_token: bool) -> Optional[AuthenticationError]:
+def refused_credentials(exc: BaseException, where: str) -> Optional[AuthenticationError]:
     """An :class:`AuthenticationError` when ``exc`` (a WebSocket handshake's ``InvalidStatus`` or
-    an httpx ``HTTPStatusError``) is a 401, or a 403 that is about a token: it says
-    ``UNAUTHORIZED``, or one was sent (a server without the WebSocket extension for a 401 answers
-    403). Else None: a 403 is also what a WebSocket on a path with no route gets."""
+    an httpx ``HTTPStatusError``) is a 401, or a 403 whose body says ``UNAUTHORIZED``; else None
+    (a 403 is also what a WebSocket on a path with no route gets, token or not)."""
     response = getattr(exc, "response", None)
     status = getattr(response, "status_code", None)
     if status not in (401, 403):
@@ -136,7 +135,7 @@ def refused_credentials(exc: BaseException, where: str, sent_token: bool) -> Opt
         pass
     if not isinstance(body, dict):
         body = {}
-    if status == 403 and not sent_token and body.get("code") != "UNAUTHORIZED":
+    if status == 403 and body.get("code") != "UNAUTHORIZED":
         return None
     detail = str(body.get("detail") or "")
     return AuthenticationError(

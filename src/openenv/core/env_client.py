@@ -396,7 +396,7 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
                 ws = await connect(url, **options)
         except Exception as exc:
             where = f"{url} (unix socket {endpoint.uds})" if endpoint.uds else url
-            refused = refused_credentials(exc, where, _sends_token(self._headers))
+            refused = refused_credentials(exc, where)
             if refused is not None:
                 raise refused from exc
             raise ConnectionError(f"Failed to connect to {where}: {exc}") from exc
@@ -589,10 +589,6 @@ def _split_kwargs(cls: type, kwargs: Dict[str, Any]) -> tuple:
     accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "base_url", "provider"}
     client = {k: v for k, v in kwargs.items() if k in accepted}
     return client, {k: v for k, v in kwargs.items() if k not in accepted}
-
-
-def _sends_token(headers: Optional[Dict[str, str]]) -> bool:
-    return any(name.lower() == "authorization" for name in headers or ())
 
 
 def _is_open(ws: Any) -> bool:

@@ -18,7 +18,7 @@ from pydantic import ConfigDict
 
 from .client_errors import CapacityReachedError, SessionError, ToolCallError, refused_credentials
 from .client_types import StepResult
-from .env_client import EnvClient, _sends_token
+from .env_client import EnvClient
 from .env_server.mcp_types import (
     CallToolAction,
     CallToolObservation,
@@ -141,7 +141,7 @@ class MCPClientBase(EnvClient[Any, Observation, State]):
         try:
             body = await self._http_rpc(endpoint, "openenv/session/create", {})
         except Exception as exc:
-            refused = refused_credentials(exc, f"{endpoint.http_url}/mcp", _sends_token(self._headers))
+            refused = refused_credentials(exc, f"{endpoint.http_url}/mcp")
             if refused is not None:
                 raise refused from exc
             raise ConnectionError(

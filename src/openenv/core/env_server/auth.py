@@ -5,8 +5,8 @@ Off unless asked for: ``$OPENENV_AUTH_TOKEN`` or, when that is not set,
 HTTP request and WebSocket handshake must carry ``Authorization: Bearer <token>``; anything else
 is answered 401 (``{"detail", "code": "UNAUTHORIZED"}``, ``WWW-Authenticate: Bearer``, and the
 connection closed) before a route runs, a body is read or a session is made. A WebSocket is
-refused during its handshake, so the client sees the 401 too. ``GET`` (and ``HEAD``) ``/health``
-stays open for load balancers and health polls.
+refused during its handshake, so the client sees the 401 too. ``GET /health`` stays open for
+load balancers and health polls.
 
 Clients send the token as a header: ``EnvClient(base_url, headers={"Authorization": "Bearer
 <token>"})`` (upstream's clients take the same ``headers``), ``httpx`` / ``curl -H``, or the
@@ -47,8 +47,8 @@ def configured(token: Optional[str]) -> Optional[bytes]:
 
 
 def is_open(scope: Dict[str, Any], path: str) -> bool:
-    """Whether ``scope`` needs no token: an HTTP GET or HEAD of ``/health``, nothing else."""
-    return scope["type"] == "http" and path in OPEN_PATHS and scope.get("method") in ("GET", "HEAD")
+    """Whether ``scope`` needs no token: an HTTP GET of ``/health``, nothing else."""
+    return scope["type"] == "http" and path in OPEN_PATHS and scope.get("method") == "GET"
 
 
 def authorized(scope: Dict[str, Any], token: bytes) -> bool:
@@ -85,5 +85,8 @@ async def refuse(scope: Dict[str, Any], receive: Any, send: Any) -> None:
     if "websocket.http.response" in (scope.get("extensions") or {}):
         await send({"type": "websocket.http.response.start", "status": 401, "headers": headers})
         await send({"type": "websocket.http.response.body", "body": body})
+        from .ws_protocol import end_refused_handshake
+
+        end_refused_handshake(send)
     else:  # a server without the extension: a close before accepting is its 403
         await send({"type": "websocket.close", "code": 1008})

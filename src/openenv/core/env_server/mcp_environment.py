@@ -92,36 +92,44 @@ _HAS_CANCELLING = hasattr(asyncio.Task, "cancelling")  # Python 3.11+
 
 
 class _ToolCancelled(Exception):
-    """Python 3.10: a tool raised CancelledError without its task being cancelled."""
+    """Python 3.10: a tool raised CancelledError without its task being cancelled; ``original``
+    is that CancelledError (reported as the tool's, under its own name and text)."""
 
-    def __str__(self) -> str:
-        return "the tool raised CancelledError"
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(str(original))
+        self.original = original
 
 
 async def _own_task(coro: Any) -> Any:
     """Python 3.10, which cannot tell a task's cancellation from a CancelledError raised inside
     it: run ``coro`` in a task of its own; a cancellation of the caller cancels it and propagates,
-    while one the tool raised itself comes back as _ToolCancelled."""
-    inner = asyncio.ensure_future(_no_exit(coro))
+    while one the tool raised itself comes back as _ToolCancelled (with the tool's exception)."""
+    cancelled_by_us: List[bool] = []
+    inner = asyncio.ensure_future(_no_exit(coro, cancelled_by_us))
     try:
         await asyncio.wait([inner])
     except asyncio.CancelledError:
+        cancelled_by_us.append(True)
         inner.cancel()
         with contextlib.suppress(BaseException):  # let it unwind (a sync call it ran is recorded)
             await asyncio.wait([inner])
         if inner.done() and not inner.cancelled():
             inner.exception()  # read: it failed while unwinding, and we answer the cancellation
         raise
-    if inner.cancelled():
-        raise _ToolCancelled()
+    if inner.cancelled():  # (cancelled by something else than the tool's own raise)
+        raise _ToolCancelled(asyncio.CancelledError())
     return inner.result()
 
 
-async def _no_exit(coro: Any) -> Any:
+async def _no_exit(coro: Any, cancelled_by_us: Optional[List[bool]] = None) -> Any:
     try:
         return await coro
     except SystemExit as exc:  # raised in a task, it would stop the event loop
         raise EnvironmentCallError(exc) from exc
+    except asyncio.CancelledError as exc:
+        if cancelled_by_us is None or cancelled_by_us:
+            raise
+        raise _ToolCancelled(exc) from None  # the tool's own: keep its words
 
 
 def _refuse_reserved(name: str) -> None:
@@ -291,7 +299,8 @@ class MCPEnvironment(Environment):
             # The tool raised CancelledError itself (a cancelled inner task it awaited, say).
             raise _failure(EnvironmentCallError(exc), name, self._masks_errors()) from exc
         except (SystemExit, GeneratorExit, _ToolCancelled) as exc:  # the tool's (KeyboardInterrupt is the user's)
-            raise _failure(EnvironmentCallError(exc), name, self._masks_errors()) from exc
+            raised = exc.original if isinstance(exc, _ToolCancelled) else exc
+            raise _failure(EnvironmentCallError(raised), name, self._masks_errors()) from exc
         except Exception as exc:
             # Only this deadline is a TIMEOUT: a TimeoutError the tool raised is its own failure, and a
             # cancellation from outside (the server's step timeout, a client gone) is not caught here.

@@ -63,10 +63,11 @@ class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
             self.read_paused = True
             self.transport.pause_reading()
 
-    async def send(self, message):  # type: ignore[no-untyped-def]
-        await super().send(message)
-        # A handshake answered with an HTTP response (a refused token's 401) is finished, but
-        # uvicorn does not count it so and logs "ASGI callable returned without completing
-        # handshake" at ERROR for every refusal.
-        if message.get("type") == "websocket.http.response.body" and not message.get("more_body", False):
-            self.handshake_complete = True
+
+def end_refused_handshake(send: object) -> None:
+    """A handshake answered with an HTTP response (a refused token's 401) has ended, but uvicorn's
+    sans-I/O protocol (ours, and uvicorn's own under ``ws=auto``) does not count it so and logs
+    "ASGI callable returned without completing handshake" at ERROR for every refusal: tell it."""
+    protocol = getattr(send, "__self__", None)
+    if isinstance(protocol, WebSocketsSansIOProtocol):
+        protocol.handshake_complete = True
