@@ -56,6 +56,31 @@ def test_other_hosts_are_not_loopback(url):
     assert not parse_endpoint(url).is_loopback
 
 
+def test_certainly_local_leaves_out_what_only_probably_is():
+    """What may receive a secret meant for this machine's servers: no *.localhost names (DNS may
+    answer them), no all-interfaces addresses."""
+    from openenv.core.utils import is_local_host, is_loopback_ip
+
+    local = [
+        "unix:///tmp/env.sock",
+        "http://localhost:1",
+        "http://127.0.0.9:1",
+        "http://[::1]:1",
+        "http://[::ffff:127.0.0.1]:1",
+    ]
+    elsewhere = [
+        "http://env.localhost:1",
+        "http://0.0.0.0:1",
+        "http://[::]:1",
+        "http://10.0.0.1:1",
+        "https://x.hf.space",
+    ]
+    assert [parse_endpoint(url).is_certainly_local for url in local] == [True] * len(local)
+    assert [parse_endpoint(url).is_certainly_local for url in elsewhere] == [False] * len(elsewhere)
+    assert is_local_host("localhost") and not is_loopback_ip("localhost")  # a name is no IP address
+    assert is_loopback_ip("::ffff:127.1.2.3") and not is_loopback_ip("unknown")
+
+
 @pytest.mark.parametrize("url", ["http://h:9/?token=abc", "http://h:9/x#frag", "ws://h:9?x=1"])
 def test_a_base_url_with_a_query_or_fragment_is_refused_not_silently_cut(url):
     with pytest.raises(ValueError, match="query string or fragment"):

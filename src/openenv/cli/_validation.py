@@ -571,19 +571,7 @@ def _auth_headers(endpoint: Any) -> Dict[str, str]:
     loopback address, ``localhost`` or a Unix socket) that requires one; never sent elsewhere,
     where it may not be that server's (a ``*.localhost`` name may be looked up in DNS)."""
     token = os.environ.get("OPENENV_AUTH_TOKEN")
-    if not token:
-        return {}
-    if not endpoint.uds:
-        import ipaddress
-        from urllib.parse import urlsplit
-
-        host = urlsplit(endpoint.http_url).hostname or ""
-        try:
-            if host != "localhost" and not ipaddress.ip_address(host).is_loopback:
-                return {}
-        except ValueError:
-            return {}
-    return {"Authorization": f"Bearer {token}"}
+    return {"Authorization": f"Bearer {token}"} if token and endpoint.is_certainly_local else {}
 
 
 class _Frames:

@@ -9,7 +9,7 @@ import re
 import sys
 import threading
 from dataclasses import dataclass
-from typing import AsyncIterator, Awaitable, Optional, TypeVar
+from typing import AsyncIterator, Awaitable, Optional, TypeVar, Union
 from urllib.parse import urlsplit, urlunsplit
 
 T = TypeVar("T")
@@ -28,20 +28,50 @@ class Endpoint:
     uds: Optional[str] = None
 
     @property
+    def host(self) -> str:
+        """The URL's host name (``localhost`` for a Unix socket)."""
+        return urlsplit(self.http_url).hostname or ""
+
+    @property
     def is_loopback(self) -> bool:
+        """Whether the server is reached without leaving this host (for the proxy choice):
+        also ``*.localhost`` names and the "all interfaces" addresses often pasted as a URL."""
         if self.uds:
             return True
-        host = urlsplit(self.http_url).hostname or ""
+        host = self.host
         if host == "localhost" or host.endswith(".localhost"):
             return True
-        try:
-            address = ipaddress.ip_address(host)
-        except ValueError:
-            return False
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-            address = address.ipv4_mapped  # ::ffff:127.0.0.1
-        # 0.0.0.0 and :: (a server's "all interfaces", often pasted as a URL) reach this host too
-        return address.is_loopback or address.is_unspecified
+        address = _ip_address(host)
+        return address is not None and (address.is_loopback or address.is_unspecified)  # 0.0.0.0, ::
+
+    @property
+    def is_certainly_local(self) -> bool:
+        """Whether the server is on this machine beyond doubt: a Unix socket, ``localhost`` or a
+        loopback address (what may receive a secret meant for this machine's servers)."""
+        return bool(self.uds) or is_local_host(self.host)
+
+
+def _ip_address(host: str) -> Optional[Union[ipaddress.IPv4Address, ipaddress.IPv6Address]]:
+    """``host`` as an IP address (an IPv4-mapped IPv6 one as its IPv4 address), or None for a name."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped  # ::ffff:127.0.0.1
+    return address
+
+
+def is_loopback_ip(host: str) -> bool:
+    """Whether ``host`` is a loopback IP address (IPv4-mapped ones too); a name is not."""
+    address = _ip_address(host)
+    return address is not None and address.is_loopback
+
+
+def is_local_host(host: str) -> bool:
+    """Whether ``host`` names this machine beyond doubt: ``localhost`` or a loopback IP address
+    (other names, ``*.localhost`` ones too, may be looked up in DNS)."""
+    return host == "localhost" or is_loopback_ip(host)
 
 
 def parse_endpoint(base_url: str) -> Endpoint:

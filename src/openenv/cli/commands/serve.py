@@ -6,7 +6,6 @@ import ast
 import asyncio
 import errno
 import importlib.util
-import ipaddress
 import os
 import signal
 import sys
@@ -17,6 +16,7 @@ import typer
 
 from openenv.cli._common import CLIError, err, load_package
 from openenv.core.manifest import EnvManifest
+from openenv.core.utils import is_local_host
 
 _WATCH_SUFFIXES = (".py", ".yaml", ".yml", ".json", ".toml", ".txt")
 
@@ -77,7 +77,7 @@ def _server_env(host: str, pairs: List[str], max_sessions: Optional[int]) -> Dic
     env_vars = _parse_env(pairs)
     if max_sessions is not None:
         env_vars["OPENENV_MAX_SESSIONS"] = str(max_sessions)
-    if not _is_loopback(host):
+    if not is_local_host(host):
         # Every client reaches the server through this command's forwarder, on a Unix socket,
         # so the server would take them all for local ones and send them exception texts.
         env_vars.setdefault("OPENENV_ERROR_DETAILS", "0")
@@ -85,15 +85,6 @@ def _server_env(host: str, pairs: List[str], max_sessions: Optional[int]) -> Dic
     if token:  # handed on in the environment, never on a command line
         env_vars.setdefault("OPENENV_AUTH_TOKEN", token)
     return env_vars
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _parse_env(pairs: List[str]) -> Dict[str, str]:

@@ -28,12 +28,12 @@ FastMCP, whose own ``mask_error_details`` hides the text; messages OpenEnv write
 from __future__ import annotations
 
 import contextvars
-import ipaddress
 import logging
 import os
 import secrets
 from typing import Any, Dict, Iterator, Optional
 
+from ..utils import is_loopback_ip  # a name ("unknown", an obfuscated one) is not known to be here
 from .exceptions import EnvironmentCallError, OpenEnvError
 
 ENV_VAR = "OPENENV_ERROR_DETAILS"
@@ -70,12 +70,12 @@ def peer_is_local(scope: Dict[str, Any]) -> bool:
     ``Forwarded``, ``X-Real-IP``; uvicorn rewrites the peer only for proxies it trusts, but a
     proxy in front of a Unix socket or on another loopback address still sends them)."""
     client = scope.get("client")
-    if client and client[0] != "testclient" and not _is_loopback(client[0]):  # TestClient: in-process
+    if client and client[0] != "testclient" and not is_loopback_ip(client[0]):  # TestClient: in-process
         return False
     for name, value in scope.get("headers", ()):
         if name in _FORWARDING:
             for host in _forwarded_hosts(name, value.decode("latin-1")):
-                if not _is_loopback(host):
+                if not is_loopback_ip(host):
                     return False
     return True
 
@@ -99,16 +99,6 @@ def _forwarded_hosts(name: bytes, value: str) -> Iterator[str]:
                 yield host
 
 
-def _is_loopback(host: str) -> bool:
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return False  # a name, "unknown", an obfuscated identifier: not known to be here
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return address.is_loopback
-
-
 def enter(scope: Dict[str, Any], choice: Optional[bool]) -> contextvars.Token:
     """Decide for the request or connection of ``scope``; undo with :func:`leave`."""
     return _shown.set(peer_is_local(scope) if choice is None else choice)
@@ -124,6 +114,11 @@ def _openenvs_own(exc: BaseException) -> bool:
     return isinstance(exc, OpenEnvError) and type(exc).__module__ == OpenEnvError.__module__
 
 
+def exception_name(exc: BaseException) -> str:
+    """The type name an answer gives for ``exc`` (the original's, for an EnvironmentCallError)."""
+    return exc.name if isinstance(exc, EnvironmentCallError) else type(exc).__name__
+
+
 def describe(exc: BaseException, log: logging.Logger, what: str) -> str:
     """Log ``exc`` (with its traceback and an incident id) as ``what``, and return the text the
     current client is to be sent: the exception's own text, or its type and the incident id.
@@ -132,7 +127,7 @@ def describe(exc: BaseException, log: logging.Logger, what: str) -> str:
     if _openenvs_own(exc):
         log.warning("%s: %s", what, exc)
         return str(exc)
-    name = exc.name if isinstance(exc, EnvironmentCallError) else type(exc).__name__
+    name = exception_name(exc)
     incident = secrets.token_hex(4)
     log.error("%s (incident %s)", what, incident, exc_info=exc)
     if _shown.get():

@@ -22,7 +22,6 @@ import pydantic
 from . import auth
 from . import error_details as shown_errors
 from .exceptions import (
-    EnvironmentCallError,
     EnvironmentFactoryError,
     SessionCapacityError,
     SessionCreationError,
@@ -455,9 +454,8 @@ class WSConnection:
         except EnvironmentFactoryError as exc:
             return error_frame(WSErrorCode.FACTORY_ERROR, exc.message, factory_name=exc.factory_name)
         except Exception as exc:
-            name = exc.name if isinstance(exc, EnvironmentCallError) else type(exc).__name__
             message = shown_errors.describe(exc, logger, "environment call failed")
-            return error_frame(WSErrorCode.EXECUTION_ERROR, message, exception=name)
+            return error_frame(WSErrorCode.EXECUTION_ERROR, message, exception=shown_errors.exception_name(exc))
         shown = kind if isinstance(kind, str) else ("" if kind is None else json.dumps(kind))
         return error_frame(WSErrorCode.UNKNOWN_TYPE, f"Unknown message type: {shown}")
 
