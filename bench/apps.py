@@ -124,6 +124,7 @@ def make_app(name: str) -> Any:
             "active": server.active_sessions,
             "stuck_workers": server.manager.pool.stuck,
             "threads": server.manager.pool.threads,
+            "lent_answers": server.lent_answers,
         }
 
     return app

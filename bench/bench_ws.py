@@ -5,7 +5,8 @@ Each case runs our server (uvicorn + OpenEnv, in its own process) and the floor 
 same client, and reports both and their ratio. Each repeat measures the two back to back, in
 alternating order, and a ratio is the median of the repeats' own ratios, so that a shared
 machine's drift between repeats cancels out. Server CPU is read from /proc for the server's
-process only, so the client's own cost does not count.
+process only, so the client's own cost does not count. "lent" is the share of our answers that a
+worker wrote on a lent connection (openenv.core.env_server.ws_hot) rather than the event loop.
 
     python bench/bench_ws.py [--seconds 2.5] [--repeats 3] [--ks 1,32,512] [--cases sync,async,echo]
 """
@@ -79,6 +80,12 @@ class Server:
     def url(self) -> str:
         return f"ws://127.0.0.1:{self.port}/ws"
 
+    def lent_answers(self) -> int:
+        """Answers workers wrote on lent connections (0 for servers that do not lend)."""
+        if self.name.startswith("floor") or self.name == "null":
+            return 0
+        return int(self.sessions()["lent_answers"])
+
     def sessions(self) -> Dict[str, Any]:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/_bench/sessions", timeout=5) as r:
             return json.load(r)
@@ -126,12 +133,14 @@ async def measure(
                 if reply.startswith('{"type":"error"'):
                     raise RuntimeError(reply[:300])
 
+        lent_before = server.lent_answers()
         cpu_before = cpu_seconds(server.process.pid)
         began = time.perf_counter()
         stop_at = began + seconds
         await asyncio.gather(*(drive(ws) for ws in sockets))
         elapsed = time.perf_counter() - began
         cpu = cpu_seconds(server.process.pid) - cpu_before
+        lent = server.lent_answers() - lent_before
     finally:
         await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
     latencies.sort()
@@ -142,6 +151,7 @@ async def measure(
         "p99_ms": 1000 * latencies[min(steps - 1, int(steps * 0.99))],
         "cpu_us_per_step": 1e6 * cpu / steps,
         "steps": steps,
+        "lent_share": lent / steps,
     }
 
 
@@ -185,7 +195,8 @@ def main() -> int:
                 print(
                     f"{label:<20} K={k:<4} floor {row['floor']['steps_per_s']:8.0f}/s {row['floor']['cpu_us_per_step']:6.1f} us | "
                     f"ours {row['ours']['steps_per_s']:8.0f}/s {row['ours']['cpu_us_per_step']:6.1f} us | "
-                    f"throughput x{row['throughput_ratio']:.2f}  cpu x{row['cpu_ratio']:.2f} "
+                    f"throughput x{row['throughput_ratio']:.2f}  cpu x{row['cpu_ratio']:.2f}  "
+                    f"lent {100 * row['ours']['lent_share']:.0f}% "
                     f"(pairs: {row['throughput_ratio_range'][0]:.2f}-{row['throughput_ratio_range'][1]:.2f}, "
                     f"{row['cpu_ratio_range'][0]:.2f}-{row['cpu_ratio_range'][1]:.2f})",
                     flush=True,
@@ -207,15 +218,15 @@ def main() -> int:
 
 def print_table(rows: List[Dict[str, Any]]) -> None:
     print(
-        "\n| case | K | floor steps/s | ours steps/s | ratio | floor p50 / p99 ms | ours p50 / p99 ms | floor CPU us/step | ours CPU us/step | CPU ratio |"
+        "\n| case | K | floor steps/s | ours steps/s | ratio | floor p50 / p99 ms | ours p50 / p99 ms | floor CPU us/step | ours CPU us/step | CPU ratio | lent |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         f, o = r["floor"], r["ours"]
         print(
             f"| {r['case']} | {r['k']} | {f['steps_per_s']:.0f} | {o['steps_per_s']:.0f} | {r['throughput_ratio']:.2f} | "
             f"{f['p50_ms']:.2f} / {f['p99_ms']:.2f} | {o['p50_ms']:.2f} / {o['p99_ms']:.2f} | "
-            f"{f['cpu_us_per_step']:.1f} | {o['cpu_us_per_step']:.1f} | {r['cpu_ratio']:.2f} |"
+            f"{f['cpu_us_per_step']:.1f} | {o['cpu_us_per_step']:.1f} | {r['cpu_ratio']:.2f} | {100 * o['lent_share']:.0f}% |"
         )
 
 

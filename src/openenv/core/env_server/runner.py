@@ -118,9 +118,12 @@ class BackgroundServer:
             self.host, self.port = host, self._socket.getsockname()[1]
         else:
             self.host, self.port = host, 0
-        self.server = uvicorn.Server(
-            uvicorn_config(app, host=host, port=self.port, uds=uds, log_level=log_level, **overrides)
-        )
+        config = uvicorn_config(app, host=host, port=self.port, uds=uds, log_level=log_level, **overrides)
+        self.server = uvicorn.Server(config)
+        # asyncio's own loop unless a loop is asked for by name ("uvloop", "asyncio", "auto").
+        self._loop_factory = config.get_loop_factory() if "loop" in overrides else None
+        self.loop: Optional[asyncio.AbstractEventLoop] = None
+        """The event loop the server runs on, once started."""
         self._thread: Optional[threading.Thread] = None
 
     @property
@@ -133,8 +136,20 @@ class BackgroundServer:
     def start(self, timeout_s: float = 10.0) -> BackgroundServer:
         sockets = [self._socket] if self._socket is not None else None
 
+        async def serving() -> None:
+            self.loop = asyncio.get_running_loop()
+            await self.server.serve(sockets=sockets)
+
         def serve() -> None:
-            asyncio.run(self.server.serve(sockets=sockets))
+            if self._loop_factory is None:
+                asyncio.run(serving())
+                return
+            loop = self._loop_factory()
+            try:
+                loop.run_until_complete(serving())
+            finally:
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.close()
 
         self._thread = threading.Thread(target=serve, name="openenv-background-server", daemon=True)
         self._thread.start()

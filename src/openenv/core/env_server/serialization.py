@@ -109,6 +109,11 @@ def observation_payload_json(observation: Observation) -> str:
     return f'{{"observation":{body},"reward":{reward_json},"done":{done}}}'
 
 
+def observation_message_json(observation: Observation) -> str:
+    """The ``/ws`` message carrying ``observation``: ``{"type": "observation", "data": payload}``."""
+    return '{"type":"observation","data":' + observation_payload_json(observation) + "}"
+
+
 def deserialize_action(data: Dict[str, Any], action_cls: Type[Action]) -> Action:
     """Validate ``data`` into ``action_cls``.
 

@@ -31,7 +31,7 @@ import sys
 import time
 import uuid
 from enum import Enum
-from typing import Any, AsyncIterator, Awaitable, Callable, Deque, Dict, FrozenSet, Optional, Set
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Deque, Dict, FrozenSet, Optional, Set
 
 import pydantic
 
@@ -48,6 +48,9 @@ from .exceptions import (
 )
 from .types import ServerCapacityStatus, SessionInfo
 from .workers import Job, WorkerPool
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .ws_hot import HandBack, Lending
 
 logger = logging.getLogger("openenv.server")
 
@@ -88,14 +91,20 @@ class SessionKind(str, Enum):
 class SessionLock:
     """Serialises the calls on one session (FIFO); acquiring it uncontended costs no await."""
 
-    __slots__ = ("_busy", "_waiters")
+    __slots__ = ("_busy", "_waiters", "on_contended")
 
     def __init__(self) -> None:
         self._busy = False
         self._waiters: Deque[asyncio.Future] = collections.deque()
+        self.on_contended: Optional[Callable[[], Any]] = None
+        """Called when a call starts waiting for the lock (a lent connection then yields)."""
 
     def locked(self) -> bool:
         return self._busy
+
+    def contended(self) -> bool:
+        """Whether calls wait for the lock."""
+        return any(not waiter.done() for waiter in self._waiters)
 
     def acquire(self) -> Optional[asyncio.Future]:
         """None when acquired at once; else a future that resolves once the lock is ours."""
@@ -104,6 +113,8 @@ class SessionLock:
             return None
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
+        if self.on_contended is not None:
+            self.on_contended()
         return waiter
 
     async def wait(self, waiter: asyncio.Future) -> None:
@@ -584,17 +595,8 @@ class SessionManager:
             await lock.wait(waiter)
         ok = False
         try:
-            if session.state is not SessionState.READY:
-                raise SessionClosedError(session.id, f"Session {session.id} is closed")
+            env = await self._env_for_call(session, operation)
             timeout = self.step_timeout_s
-            previous = session.inflight
-            if previous is not None and not previous.done:
-                # A call whose caller went away still runs on this environment: wait for it.
-                await self._returned(session, previous, operation)
-            env = session.env
-            if env is None:  # discarded after a timeout
-                env = session.env = await self._build_env()
-                self._prepare(session)
             if async_fn is not None:
                 try:
                     if timeout is None:
@@ -641,6 +643,77 @@ class SessionManager:
             lock.release()
             session.touch(step and ok)  # a failing call is activity too: the reaper must wait
         return result
+
+    async def call_lent(self, session: Session, lending: Lending) -> HandBack:
+        """Step the session's (sync) environment in the pool with its connection lent to the
+        worker (see :mod:`.ws_hot`), under the session's lock; the worker may answer any number
+        of steps before it hands the connection back.
+
+        A step's exception is raised here, as :meth:`call` raises it. The step timeout applies to
+        a step once the loop has recalled the connection from it, which the server does for any
+        step that runs past ``WATCH_AFTER_S`` (so a timeout shorter than that can fire late:
+        the server does not lend a connection then)."""
+        lock = session.lock
+        waiter = lock.acquire()
+        if waiter is not None:
+            await lock.wait(waiter)
+        steps = 0
+        try:
+            env = await self._env_for_call(session, "step")
+            self._check_workers("step")
+            timeout = self.step_timeout_s
+            job = self.pool.submit(lending.serve, env)
+            session.inflight = job
+            lock.on_contended = lending.ask_to_yield
+            if lock.contended():  # a call queued while this one waited for its environment
+                lending.ask_to_yield()
+            try:
+                await asyncio.wait((job.future, lending.taken_back), return_when=asyncio.FIRST_COMPLETED)
+                if not job.future.done():  # recalled from a long step: it is waited for as any other
+                    started = lending.step_started or time.monotonic()  # (0.0: it ended just now)
+                    if timeout is None:
+                        await job.future
+                    else:
+                        await _with_timeout(job.future, max(0.0, started + timeout - time.monotonic()), "step")
+                handback: HandBack = job.future.result()
+            except StepTimeoutError:
+                if not self.pool.abandon(job):  # it waited for a worker all along: env untouched
+                    session.inflight = None
+                    raise WorkersStuckError("step", timeout, self.pool.stuck, waited=True) from None
+                self._discard_env(session)
+                raise
+            except asyncio.CancelledError:
+                if not self.pool.abandon(job):  # it will be skipped: nothing to wait for
+                    session.inflight = None
+                raise  # else session.inflight stays: the next call waits for it
+            session.inflight = None
+            steps = handback.steps
+            outcome = handback.outcome
+            if outcome is not None and not outcome[0]:
+                error = outcome[1]
+                if isinstance(error, pydantic.ValidationError):  # the environment's, not the client's input
+                    raise EnvironmentCallError(error) from error
+                raise error
+            return handback
+        finally:
+            lock.on_contended = None
+            lock.release()
+            session.step_count += steps
+            session.touch()
+
+    async def _env_for_call(self, session: Session, operation: str) -> Any:
+        """The session's environment, ready for a call (the session's lock is held)."""
+        if session.state is not SessionState.READY:
+            raise SessionClosedError(session.id, f"Session {session.id} is closed")
+        previous = session.inflight
+        if previous is not None and not previous.done:
+            # A call whose caller went away still runs on this environment: wait for it.
+            await self._returned(session, previous, operation)
+        env = session.env
+        if env is None:  # discarded after a timeout
+            env = session.env = await self._build_env()
+            self._prepare(session)
+        return env
 
     async def _returned(self, session: Session, job: Job, operation: str) -> None:
         """Wait (under the step timeout) until ``job``, abandoned by its caller, has returned."""

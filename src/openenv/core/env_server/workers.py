@@ -33,6 +33,7 @@ import itertools
 import logging
 import os
 import queue
+import select
 import sys
 import threading
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
@@ -115,13 +116,14 @@ class Job:
             elif isinstance(value, asyncio.CancelledError):  # skipped: nobody wants a result
                 fut.cancel()
             else:
-                fut.set_exception(value)  # one a future accepts: see _deliverable
+                fut.set_exception(value)  # one a future accepts: see deliverable
         callbacks, self._callbacks = self._callbacks, None
         for callback in callbacks or ():
             callback()
 
 
-def _deliverable(exc: BaseException) -> BaseException:
+def deliverable(exc: BaseException) -> BaseException:
+    """``exc`` as a future can carry it: StopIteration and non-Exception ones wrapped."""
     if isinstance(exc, StopIteration) or not isinstance(exc, Exception):
         return EnvironmentCallError(exc)
     return exc
@@ -253,6 +255,65 @@ class _Delivery:
             os.close(fd)
 
 
+class Waker:
+    """Lets a worker wait for a file descriptor while it stays wakeable from other threads: by
+    its pool, when a call waits for a thread, and by :meth:`wake`. One per worker thread."""
+
+    __slots__ = ("_lock", "_poller", "_read_fd", "_write_fd", "signalled")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # a wake-up's write against the thread's close
+        self._poller = select.poll()
+        self.signalled = False
+        fds = _wake_fds()
+        self._read_fd, self._write_fd = fds if fds is not None else (-1, -1)
+        if self._read_fd >= 0:
+            self._poller.register(self._read_fd, select.POLLIN)
+
+    def wake(self) -> None:
+        """End the worker's current (or next) :meth:`wait` early. Callable from any thread."""
+        self.signalled = True
+        with self._lock:
+            if self._write_fd >= 0:
+                try:
+                    os.write(self._write_fd, _WAKE)
+                except BlockingIOError:  # a wake-up is pending anyway
+                    pass
+
+    def wait(self, fd: int, timeout_ms: int) -> bool:
+        """Wait up to ``timeout_ms`` for ``fd`` to be readable; False on a time-out or a wake-up."""
+        if self.signalled:  # consumed here: a wake-up meant for an earlier wait is not this one's
+            self.signalled = False
+            self._drain()
+        poller = self._poller
+        poller.register(fd, select.POLLIN | select.POLLPRI)
+        try:
+            events = poller.poll(timeout_ms)
+        finally:
+            poller.unregister(fd)
+        readable = False
+        for ready, _ in events:
+            if ready == self._read_fd:
+                self.signalled = False
+                self._drain()
+                return False
+            readable = True
+        return readable
+
+    def _drain(self) -> None:
+        try:
+            os.read(self._read_fd, 512)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        with self._lock:
+            read_fd, write_fd = self._read_fd, self._write_fd
+            self._read_fd = self._write_fd = -1
+        for fd in {read_fd, write_fd} - {-1}:
+            os.close(fd)
+
+
 def _batch_policy() -> None:
     """Run the calling thread under SCHED_BATCH where the OS offers it (see the module's text)."""
     if not hasattr(os, "SCHED_BATCH"):
@@ -294,6 +355,8 @@ class WorkerPool:
         self._spawned = 0
         self._closed = False
         self._deliveries: Dict[int, _Delivery] = {}
+        self._local = threading.local()  # each worker thread's Waker, once it lingers
+        self._lingering: List[Waker] = []  # wakers of workers in linger(), under self._lock
 
     @property
     def threads(self) -> int:
@@ -329,10 +392,43 @@ class WorkerPool:
         delivery.pending += 1
         self._inflight += 1
         self._queue.put(job)
-        # Another worker when the calls in flight outnumber the workers, within the bound.
-        if self._inflight > self._threads and self._threads < self._allowed():
-            self._spawn()
+        # Another worker when the calls in flight outnumber the workers, within the bound; at the
+        # bound, a worker that lingers (see linger) gives way.
+        if self._inflight > self._threads:
+            if self._threads < self._allowed():
+                self._spawn()
+            elif self._lingering:
+                self._wake_lingerer()
         return job
+
+    def thread_waker(self) -> Waker:
+        """The calling worker thread's :class:`Waker`."""
+        waker: Optional[Waker] = getattr(self._local, "waker", None)
+        if waker is None:
+            waker = self._local.waker = Waker()
+        return waker
+
+    def linger(self, fd: int, timeout_ms: int) -> bool:
+        """On a worker, between calls of a long one: wait up to ``timeout_ms`` for ``fd`` to be
+        readable. Returns False on a time-out, on a wake-up, and at once or as soon as a
+        submitted call would otherwise wait for this thread."""
+        waker = self.thread_waker()
+        with self._lock:
+            self._lingering.append(waker)
+        try:
+            if not self._queue.empty():  # submitted before this thread was listed above
+                return False
+            return waker.wait(fd, timeout_ms)
+        finally:
+            with self._lock:
+                if waker in self._lingering:
+                    self._lingering.remove(waker)
+
+    def _wake_lingerer(self) -> None:
+        with self._lock:
+            waker = self._lingering.pop(0) if self._lingering else None
+        if waker is not None:
+            waker.wake()
 
     def _delivery(self, loop: asyncio.AbstractEventLoop) -> _Delivery:
         delivery = self._deliveries.get(id(loop))
@@ -383,11 +479,23 @@ class WorkerPool:
     def _work(self) -> None:
         if self.batch:
             _batch_policy()
+        try:
+            if not self._serve_queue():  # retired: its place was already given up
+                return
+            with self._lock:
+                self._threads -= 1
+        finally:
+            waker = getattr(self._local, "waker", None)
+            if waker is not None:
+                waker.close()
+
+    def _serve_queue(self) -> bool:
+        """Run calls until the pool stops (True) or this thread retires (False)."""
         get = self._queue.get
         while True:
             job = get()
             if job is None:
-                break
+                return True
             # This thread writes `started`, then `returned`, each before it reads `abandoned`;
             # abandon() writes `abandoned` before it reads them. So a call given up on before it
             # starts is skipped or counted stuck (or both), and one given up on while it runs is
@@ -399,7 +507,7 @@ class WorkerPool:
                 try:
                     outcome = (True, job.fn(*job.args))
                 except BaseException as exc:  # delivered to the awaiting coroutine
-                    outcome = (False, _deliverable(exc))
+                    outcome = (False, deliverable(exc))
             job.returned = outcome
             retire = False
             if job.abandoned:
@@ -415,9 +523,7 @@ class WorkerPool:
             job.delivery.push(job)
             del job, outcome
             if retire:
-                return
-        with self._lock:
-            self._threads -= 1
+                return False
 
     def shutdown(self) -> None:
         """Stop idle workers; busy ones exit when their call returns."""

@@ -9,6 +9,10 @@ or more) stops reading at once, as uvicorn does. Either way the messages of the
 read that was already under way are still queued (uvicorn does the same), so what waits unread by
 the app is at most the window plus one read, and TCP backpressure applies beyond it.
 
+It also lends its connection to a worker thread that serves a client stepping back to back, and
+takes it back (see :mod:`openenv.core.env_server.ws_hot`): everything uvicorn writes on its own
+(keepalive pings, shutdown) recalls the connection first.
+
 The runners in :mod:`openenv.core.env_server.runner` use it unless told otherwise
 (``ws="websockets-sansio"`` restores uvicorn's behaviour), on uvicorn releases whose sans-I/O
 protocol works as described (:func:`compatible`); others keep their own default.
@@ -16,7 +20,13 @@ protocol works as described (:func:`compatible`); others keep their own default.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Optional
+
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.protocol import State
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .ws_hot import HandBack, Lending
 
 READ_AHEAD_MESSAGES = 4
 """Messages that may wait for the app before the socket is no longer read."""
@@ -43,7 +53,89 @@ def compatible() -> bool:
 
 
 class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
-    """:class:`WebSocketsSansIOProtocol` that pauses reading only when messages pile up."""
+    """:class:`WebSocketsSansIOProtocol` that pauses reading only when messages pile up, and
+    lends its connection to a worker (see :mod:`.ws_hot`)."""
+
+    lent: Optional[Lending] = None
+    """The lending of this connection to a worker, while there is one."""
+
+    # --- lending ----------------------------------------------------------------------------
+
+    def lendable_fd(self) -> int:
+        """The socket's file descriptor when this connection can ever be lent (plain TCP or a
+        Unix socket, no WebSocket extension such as compression), else -1."""
+        transport, conn = self.transport, self.conn
+        if transport is None or self.scheme != "ws" or conn.extensions or transport.get_extra_info("sslcontext"):
+            return -1
+        reader = getattr(conn, "reader", None)
+        if not hasattr(reader, "buffer") or not hasattr(conn, "current_size"):  # another websockets
+            return -1
+        sock = transport.get_extra_info("socket")
+        try:
+            return sock.fileno() if sock is not None else -1
+        except (AttributeError, OSError):
+            return -1
+
+    def can_lend(self) -> bool:
+        """Whether the connection may be lent now: open, everything read has been handed to the
+        app, no message half read, nothing waiting to be written."""
+        conn, transport = self.conn, self.transport
+        return (
+            not self.read_paused
+            and not self.close_sent
+            and self.queue.empty()
+            and conn.state is State.OPEN
+            and conn.current_size is None
+            and not conn.reader.buffer
+            and transport.get_write_buffer_size() == 0
+            and not transport.is_closing()
+        )
+
+    def lend(self, link: Lending) -> None:
+        """Stop reading the socket: ``link``'s worker reads and writes it now."""
+        self.lent = link
+        self.transport.pause_reading()
+
+    def resume_after_lending(self) -> None:
+        if not self.read_paused and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def take_back(self, link: Lending, handback: Optional[HandBack]) -> None:
+        """Serve the connection again after ``link`` ended: write the rest of an answer the
+        worker left half written, parse what it read, read the socket again."""
+        if self.lent is link:
+            self.lent = None
+        transport = self.transport
+        if handback is not None and not transport.is_closing():
+            if handback.unsent:
+                transport.write(handback.unsent)
+            if handback.raw:
+                self.data_received(handback.raw)
+        if not link.reading:
+            link.reading = True
+            self.resume_after_lending()
+
+    def _recall(self) -> None:
+        if self.lent is not None:
+            self.lent.recall()
+
+    def send_keepalive_ping(self) -> None:
+        self._recall()
+        super().send_keepalive_ping()
+
+    def keepalive_timeout(self) -> None:
+        self._recall()
+        super().keepalive_timeout()
+
+    def shutdown(self) -> None:
+        self._recall()
+        super().shutdown()
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self._recall()
+        super().connection_lost(exc)
+
+    # --- read-ahead --------------------------------------------------------------------------
 
     def send_receive_event_to_app(self) -> None:
         if self.read_paused or self.close_sent:

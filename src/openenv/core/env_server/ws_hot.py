@@ -1,0 +1,338 @@
+"""Hot connections: a worker that has just answered a step goes on serving its ``/ws`` socket.
+
+A sync environment steps in the worker pool (DESIGN, principle 1), and a step handed from the
+event loop to a worker and back costs two more thread wake-ups than the same step run on the
+loop. On a small VM those wake-ups cost more than everything else a step does: with them the
+server spent twice the CPU per step of a bare ``websockets`` server doing the same JSON round
+trip.
+
+A client that steps back to back does not need them. When a step frame arrives within
+:data:`LINGER_S` of the previous answer on that socket, the loop *lends* the connection to the
+worker with the step: it stops reading the socket, and the worker runs the step, writes the
+answer frame to the socket itself, then waits up to :data:`LINGER_S` for the next frame and, if
+that is a plain step frame, runs it at once. The event loop takes no part until the worker hands
+the connection back, so each step costs one wake-up, as on the bare floor.
+
+The worker keeps only what is plainly a step: a read holding exactly one unfragmented, masked
+text frame whose JSON is ``{"type": "step", "data": {...}}`` with an action that validates and
+runs in a worker. Anything else (another message type, an invalid action, a ping, a close, two
+frames in one read, half a frame, a large frame, the peer gone) goes back to the event loop
+as the bytes that were read, and the loop handles it exactly as it would have. So do a step's
+exception, an answer the worker could not write in full, and every lull longer than
+:data:`LINGER_S`.
+
+The loop *recalls* a lent connection when it must act on it itself: a step that has run for
+``WATCH_AFTER_S`` (from then on the step timeout and the disconnect watch apply as to any step),
+a keepalive ping, a server shutdown. Another call waiting for the session, or for a worker, asks
+the worker to hand the connection back after its current step.
+
+Thread safety: the worker touches the socket (a duplicate of its file descriptor) only while
+holding the link's lock and after checking that the link has not ended; the loop ends the link
+under the same lock before it reads from, writes to or closes the socket itself. Bytes the
+worker read are fed to the loop's WebSocket parser before the loop reads the socket again.
+
+``$OPENENV_WS_LINGER_MS`` sets :data:`LINGER_S` for the servers a process creates; ``0`` turns
+lending off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import select
+import struct
+import threading
+import time
+from typing import Any, Optional, Tuple
+
+import pydantic
+
+from .serialization import deserialize_action, observation_message_json, parse_json
+from .workers import Waker, WorkerPool, deliverable
+
+try:
+    from websockets.speedups import apply_mask
+except ImportError:  # pragma: no cover - the C speed-up is not built for this platform
+    from websockets.utils import apply_mask
+
+LINGER_S = 0.002
+"""How long a worker waits for a client's next step frame, and how soon after an answer a step
+frame must arrive for its connection to be lent."""
+
+READ_SIZE = 64 * 1024
+"""The most a worker reads at once: a step frame must arrive whole in one read to stay with it."""
+
+_ENVELOPE_KEYS = frozenset({"type", "data"})
+MCP_ACTIONS = ("list_tools", "call_tool")
+"""Action types that run on the event loop in an MCP environment, never in a lent worker."""
+_TEXT_FIN = 0x81  # FIN, no RSV bits, opcode 1 (text)
+
+
+def linger_from_env() -> float:
+    """:data:`LINGER_S`, or ``$OPENENV_WS_LINGER_MS`` when set (``0``: never lend)."""
+    raw = os.environ.get("OPENENV_WS_LINGER_MS", "").strip()
+    if not raw:
+        return LINGER_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"OPENENV_WS_LINGER_MS must be a number of milliseconds, got {raw!r}") from None
+    return max(value, 0.0) / 1000.0
+
+
+def supported() -> bool:
+    """Whether this platform lends connections (POSIX sockets and ``poll``)."""
+    return os.name == "posix" and hasattr(select, "poll")
+
+
+def text_frame(text: str) -> bytes:
+    """A server's WebSocket text frame (unmasked, unfragmented) carrying ``text``."""
+    payload = text.encode()
+    size = len(payload)
+    if size < 126:
+        return bytes((_TEXT_FIN, size)) + payload
+    if size < 65536:
+        return struct.pack("!BBH", _TEXT_FIN, 126, size) + payload
+    return struct.pack("!BBQ", _TEXT_FIN, 127, size) + payload
+
+
+def client_text(data: bytes, max_chars: int) -> Optional[str]:
+    """The text of ``data`` when it is exactly one complete, unfragmented, masked client text
+    frame of at most ``max_chars`` characters; else None (the loop's parser then reads it)."""
+    size = len(data)
+    if size < 6 or data[0] != _TEXT_FIN or not data[1] & 0x80:
+        return None
+    length = data[1] & 0x7F
+    start = 2
+    if length == 126:
+        if size < 8:
+            return None
+        length = (data[2] << 8) | data[3]
+        start = 4
+    elif length == 127:  # 64 KiB or more: never a whole frame in one read
+        return None
+    if size != start + 4 + length:
+        return None
+    try:
+        text = apply_mask(data[start + 4 :], data[start : start + 4]).decode()
+    except UnicodeDecodeError:
+        return None
+    return text if len(text) <= max_chars else None
+
+
+class HandBack:
+    """What a worker hands back with a lent connection."""
+
+    __slots__ = ("outcome", "raw", "sent_at", "steps", "unsent")
+
+    def __init__(
+        self,
+        steps: int,
+        sent_at: float,
+        outcome: Optional[Tuple[bool, Any]] = None,
+        raw: bytes = b"",
+        unsent: bytes = b"",
+    ) -> None:
+        self.steps = steps
+        """Steps that returned an observation (answered by the worker, or in ``outcome``)."""
+        self.sent_at = sent_at
+        """``time.monotonic()`` when the worker last wrote an answer (0.0: it wrote none)."""
+        self.outcome = outcome
+        """The last step's ``(ok, observation or exception)`` when its answer is the loop's to send."""
+        self.raw = raw
+        """Bytes read from the socket that the loop's WebSocket parser must read first."""
+        self.unsent = unsent
+        """The rest of an answer frame the worker could write only in part: the loop writes it first."""
+
+
+class Lending:
+    """One lending of a connection to a worker: its state is shared by the loop and the worker.
+
+    The loop creates it with the first step's action, the session runs :meth:`serve` in the pool
+    (see ``SessionManager.call_lent``), and the loop ends it with :meth:`recall` or takes the
+    connection back when :meth:`serve` returns (``OpenEnvWebSocketProtocol.take_back``).
+    """
+
+    __slots__ = (
+        "_fd",
+        "_lock",
+        "_owner",
+        "_pool",
+        "_watch",
+        "action",
+        "action_cls",
+        "answered",
+        "ended",
+        "in_step",
+        "linger_ms",
+        "max_chars",
+        "mcp",
+        "protocol",
+        "reading",
+        "step_started",
+        "taken_back",
+        "waker",
+        "yield_asked",
+    )
+
+    def __init__(
+        self,
+        protocol: Any,
+        fd: int,
+        action: Any,
+        action_cls: type,
+        max_chars: int,
+        linger_s: float,
+        mcp: bool,
+        pool: WorkerPool,
+        watch: Any,
+        owner: Any,
+    ) -> None:
+        self.protocol = protocol
+        self._fd = fd  # our own duplicate: closed by whoever ends the lending
+        self._lock = threading.Lock()
+        self._pool = pool
+        self._watch = watch  # its ``last_active``: the connection whose message the loop handled last
+        self._owner = owner  # the connection lent
+        self.waker: Optional[Waker] = None  # the serving worker's, once it serves
+        self.action = action
+        self.answered = 0  # answers the worker wrote (read by the loop once the lending is over)
+        self.action_cls = action_cls
+        self.max_chars = max_chars
+        self.linger_ms = max(1, round(linger_s * 1000))
+        self.mcp = mcp
+        self.ended = False
+        self.in_step = True  # the first step is under way from now (as a call in the pool is)
+        self.step_started = time.monotonic()
+        """``time.monotonic()`` when the running step began (the first: when it was lent), 0.0
+        between steps."""
+        self.yield_asked = False
+        self.reading = False  # the loop reads the socket again (recalled during a step)
+        self.taken_back: asyncio.Future = asyncio.get_running_loop().create_future()
+        """Resolved when the loop recalls the connection while a step runs."""
+
+    # --- on the event loop -------------------------------------------------------------------
+
+    def recall(self) -> bool:
+        """End the lending now (idempotent). Returns whether a step was running: the loop then
+        reads the socket again at once, and the step's answer is the loop's to send."""
+        with self._lock:
+            if self.ended:
+                return False
+            self.ended = True
+            in_step = self.in_step
+            fd, self._fd = self._fd, -1
+        os.close(fd)
+        if self.protocol.lent is self:
+            self.protocol.lent = None
+        if in_step:
+            self.reading = True
+            self.protocol.resume_after_lending()
+            if not self.taken_back.done():
+                self.taken_back.set_result(None)
+        return in_step
+
+    def ask_to_yield(self) -> None:
+        """Ask the worker to hand the connection back after its current step (at once if it
+        waits for the next frame)."""
+        self.yield_asked = True
+        waker = self.waker
+        if waker is not None:
+            waker.wake()
+
+    # --- on the worker -------------------------------------------------------------------------
+
+    def serve(self, env: Any) -> HandBack:
+        """Step ``env`` with the lent action, answer on the socket, and go on while the client
+        keeps sending step frames within the linger time."""
+        action, self.action = self.action, None
+        lock = self._lock
+        pool = self._pool
+        self.waker = pool.thread_waker()
+        steps = 0
+        sent_at = 0.0
+        try:
+            while True:
+                try:
+                    observation = env.step(action)
+                except BaseException as exc:  # the loop answers it as for any step
+                    self._step_over()
+                    return HandBack(steps, sent_at, outcome=(False, deliverable(exc)))
+                steps += 1
+                try:
+                    frame = text_frame(observation_message_json(observation))
+                except Exception:  # the loop encodes it again and answers the failure as it does
+                    self._step_over()
+                    return HandBack(steps, sent_at, outcome=(True, observation))
+                with lock:
+                    self.in_step = False
+                    self.step_started = 0.0
+                    if self.ended:  # recalled during the step: the answer is the loop's to send
+                        return HandBack(steps, sent_at, outcome=(True, observation))
+                    self.answered += 1  # counted first: the client may look as soon as it has the answer
+                    try:
+                        written = os.write(self._fd, frame)
+                    except OSError:  # full, or the peer is gone: the loop's transport finds out
+                        written = 0
+                if written:
+                    sent_at = time.monotonic()
+                else:
+                    self.answered -= 1
+                if written < len(frame):
+                    return HandBack(steps, sent_at, unsent=frame[written:])
+                if (
+                    self.yield_asked
+                    or self._watch.last_active is not self._owner  # other clients keep the loop awake
+                    or not pool.linger(self._fd, self.linger_ms)
+                ):
+                    return HandBack(steps, sent_at)
+                with lock:
+                    if self.ended:
+                        return HandBack(steps, sent_at)
+                    try:
+                        data = os.read(self._fd, READ_SIZE)
+                    except OSError:  # nothing after all, or an error the loop's own read sees
+                        data = b""
+                if not data:  # EOF stays readable: the loop's read meets it too
+                    return HandBack(steps, sent_at)
+                action = self._step_action(data)
+                if action is None:
+                    return HandBack(steps, sent_at, raw=data)
+                with lock:
+                    if self.ended:
+                        return HandBack(steps, sent_at, raw=data)
+                    self.in_step = True
+                    self.step_started = time.monotonic()
+        finally:
+            with lock:
+                if not self.ended:
+                    self.ended = True
+                    os.close(self._fd)
+                    self._fd = -1
+
+    def _step_over(self) -> None:
+        with self._lock:
+            self.in_step = False
+            self.step_started = 0.0
+
+    def _step_action(self, data: bytes) -> Any:
+        """The action of ``data`` when it is plainly a step frame this worker may run, else None."""
+        text = client_text(data, self.max_chars)
+        if text is None:
+            return None
+        try:
+            message = parse_json(text)
+        except ValueError:
+            return None
+        if type(message) is not dict or message.keys() != _ENVELOPE_KEYS or message["type"] != "step":
+            return None
+        payload = message["data"]
+        if type(payload) is not dict:
+            return None
+        try:
+            action = deserialize_action(payload, self.action_cls)
+        except pydantic.ValidationError:
+            return None
+        if self.mcp and getattr(action, "type", None) in MCP_ACTIONS:  # MCP actions run on the loop
+            return None
+        return action
