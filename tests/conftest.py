@@ -38,6 +38,28 @@ def counter_app(env: Any = CounterEnv, **kwargs: Any) -> Any:
     return create_app(env, CounterAction, CounterObservation, env_name="counter", state_cls=CounterState, **kwargs)
 
 
+_COMPRESSION = {"offer": "deflate"}
+
+
+@pytest.fixture(params=["deflate", None], ids=["deflate", "plain"])
+def compression_offer(request: Any) -> Any:
+    """Runs a WebSocket test twice: with clients offering compression (the server then frames
+    every message with websockets' own machinery) and without (the server's own framing,
+    ``ws_frames``, and lending to workers, ``ws_hot``). Use it with :func:`connect`."""
+    _COMPRESSION["offer"] = request.param
+    yield request.param
+    _COMPRESSION["offer"] = "deflate"
+
+
+def connect(*args: Any, **kwargs: Any) -> Any:
+    """``websockets.asyncio.client.connect``, offering compression as :func:`compression_offer`
+    says (websockets' own default otherwise)."""
+    from websockets.asyncio.client import connect as ws_connect
+
+    kwargs.setdefault("compression", _COMPRESSION["offer"])
+    return ws_connect(*args, **kwargs)
+
+
 @pytest.fixture(autouse=True)
 def _reset_tracker() -> None:
     TRACKER.reset()

@@ -9,11 +9,14 @@ import asyncio
 import json
 
 import httpx
-from websockets.asyncio.client import connect
+import pytest
 from websockets.exceptions import ConnectionClosed
 
-from .conftest import counter_app, serve, until
+from .conftest import connect, counter_app, serve, until
 from .envs import TRACKER
+
+# Every test here runs twice: see conftest.compression_offer.
+pytestmark = pytest.mark.usefixtures("compression_offer")
 
 
 def ws_url(server) -> str:

@@ -14,7 +14,6 @@ from typing import Any, Optional
 import httpx
 import pytest
 from fastmcp import FastMCP
-from websockets.asyncio.client import connect
 
 from openenv.core.env_server import sessions as sessions_module
 from openenv.core.env_server.http_server import create_app
@@ -24,8 +23,11 @@ from openenv.core.env_server.runner import BackgroundServer
 from openenv.core.env_server.sessions import SessionKind, SessionManager, SessionState
 from openenv.core.env_server.types import ConcurrencyConfig
 
-from .conftest import counter_app, serve, until
+from .conftest import connect, counter_app, serve, until
 from .envs import TRACKER, CounterAction, CounterEnv, CounterObservation, CounterState
+
+# Every test here runs twice: see conftest.compression_offer.
+pytestmark = pytest.mark.usefixtures("compression_offer")
 
 
 def ws_url(server: Any, query: str = "") -> str:

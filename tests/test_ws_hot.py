@@ -1,6 +1,7 @@
 """Hot connections (openenv.core.env_server.ws_hot) on live servers: a client stepping back to back
 is answered by the worker that ran its step, and everything else on such a connection is handled
-by the event loop exactly as on any other."""
+by the event loop exactly as on any other. Also the server's own framing of plain connections
+(openenv.core.env_server.ws_frames)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import httpx
 import pytest
 from websockets.asyncio.client import connect
 from websockets.client import ClientProtocol
+from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
 from websockets.uri import parse_uri
 
@@ -23,7 +25,7 @@ from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import State
 from openenv.core.env_server.workers import WorkerPool
-from openenv.core.env_server.ws_hot import client_text, text_frame
+from openenv.core.env_server.ws_frames import client_text, text_frame
 from openenv.core.env_server.ws_protocol import OpenEnvWebSocketProtocol
 
 from .conftest import counter_app, serve, until
@@ -366,6 +368,7 @@ async def test_a_long_step_on_a_lent_connection_times_out_as_any_step():
             reply = json.loads(await ws.recv())
             elapsed = time.monotonic() - started
             assert reply["type"] == "error" and reply["data"]["code"] == "TIMEOUT"
+            assert reply["data"]["timeout_s"] == 0.3  # the limit, not what was left of it when recalled
             assert 0.28 <= elapsed < 1.0
             # the environment was discarded and a fresh one serves the next step
             assert await step_values(ws, 2) == [1, 2]
@@ -647,3 +650,36 @@ def test_random_traffic_on_lent_connections_is_answered_message_by_message():
             assert env_server(app).lent_answers > 50
         finally:
             client.close()
+
+
+# --- the server's own framing of plain connections (ws_frames, used by ws_protocol) -----------
+
+
+async def test_uvicorns_frame_size_limit_still_applies_to_small_frames():
+    app = counter_app()
+    with serve(app, ws_max_size=100) as server:
+        async with connect(ws_url(server), compression=None, max_size=None) as ws:
+            await ws.send(json.dumps({"type": "step", "data": {"delta": 1}}))
+            assert json.loads(await ws.recv())["type"] == "observation"
+            await ws.send(json.dumps({"type": "step", "data": {"delta": 1, "pad": "x" * 150}}))
+            with pytest.raises(ConnectionClosed) as closed:
+                await ws.recv()
+            assert closed.value.rcvd.code == 1009  # message too big, as uvicorn's parser decides
+
+
+async def test_answers_a_slow_reader_holds_up_wait_for_the_transport_in_order():
+    app = create_app(BlobEnv, BlobAction, BlobObservation, max_concurrent_envs=2)
+    with serve(app) as server:
+        async with connect(ws_url(server), compression=None, max_size=None, max_queue=1) as ws:
+            for _ in range(30):  # 30 answers of 1 MiB, far more than the socket buffers take
+                await ws.send(json.dumps({"type": "step", "data": {"size": 1024 * 1024}}))
+            await asyncio.sleep(0.5)  # the client reads no further: the server's transport fills up
+            (protocol,) = protocols(server)
+            assert not protocol.writable.is_set()  # uvicorn's flow control holds the writer
+            assert protocol.transport.get_write_buffer_size() < 4 * 1024 * 1024  # not all 30 MiB
+            values = []
+            for _ in range(30):
+                reply = json.loads(await ws.recv())
+                assert len(reply["data"]["observation"]["blob"]) == 1024 * 1024
+                values.append(reply["data"]["observation"]["value"])
+            assert values == list(range(1, 31))

@@ -7,11 +7,13 @@ import json
 import time
 
 import pytest
-from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from .conftest import counter_app, serve, until
+from .conftest import connect, counter_app, serve, until
 from .envs import TRACKER, AsyncCounterEnv, BrokenFactoryEnv, CounterEnv
+
+# Every test here runs twice: see conftest.compression_offer.
+pytestmark = pytest.mark.usefixtures("compression_offer")
 
 
 def ws_url(server) -> str:

@@ -12,7 +12,7 @@ import struct
 import termios
 import time
 
-from websockets.asyncio.client import connect
+import pytest
 from websockets.client import ClientProtocol
 from websockets.frames import Frame, Opcode
 from websockets.uri import parse_uri
@@ -20,7 +20,10 @@ from websockets.uri import parse_uri
 from openenv.core.env_server import ws_protocol
 from openenv.core.env_server.ws_protocol import OpenEnvWebSocketProtocol
 
-from .conftest import counter_app, serve, until
+from .conftest import connect, counter_app, serve, until
+
+# Every test here runs twice: see conftest.compression_offer.
+pytestmark = pytest.mark.usefixtures("compression_offer")
 
 
 def ws_url(server) -> str:
@@ -73,6 +76,7 @@ def test_the_runners_serve_websockets_with_the_read_ahead_protocol(counter_serve
 
 
 async def test_request_response_traffic_never_pauses_reading(monkeypatch):
+    monkeypatch.setenv("OPENENV_WS_LINGER_MS", "0")  # lending a connection pauses it (ws_hot)
     counter = PauseCounter(monkeypatch)
     with serve(counter_app()) as server:
         async with connect(ws_url(server)) as ws:

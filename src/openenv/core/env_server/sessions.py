@@ -674,7 +674,8 @@ class SessionManager:
                     if timeout is None:
                         await job.future
                     else:
-                        await _with_timeout(job.future, max(0.0, started + timeout - time.monotonic()), "step")
+                        remaining = max(0.0, started + timeout - time.monotonic())
+                        await _with_timeout(job.future, remaining, "step", limit=timeout)
                 handback: HandBack = job.future.result()
             except StepTimeoutError:
                 if not self.pool.abandon(job):  # it waited for a worker all along: env untouched
@@ -843,11 +844,13 @@ def _read_state(env: Any) -> Any:
     return env.state
 
 
-async def _with_timeout(awaitable: Any, timeout: float, operation: str) -> Any:
+async def _with_timeout(awaitable: Any, timeout: float, operation: str, limit: Optional[float] = None) -> Any:
+    """Await ``awaitable`` for ``timeout`` seconds; past them, raise StepTimeoutError naming
+    ``limit`` (the configured limit, of which ``timeout`` may be what remains)."""
     try:
         async with timeout_after(timeout) as scope:
             return await awaitable
     except TimeoutError:
         if scope.expired():
-            raise StepTimeoutError(operation, timeout) from None
+            raise StepTimeoutError(operation, timeout if limit is None else limit) from None
         raise  # the environment's own TimeoutError

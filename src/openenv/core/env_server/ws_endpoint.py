@@ -482,6 +482,9 @@ class WSConnection:
         send, receive, backlog = self.send, self.receive, self._backlog
         loop = asyncio.get_running_loop()
         watch = self.server.connection_watch
+        # Our protocol writes a text message at once where it can (see ws_protocol), sparing the
+        # ASGI send's coroutine and websockets' framing.
+        send_now = getattr(getattr(send, "__self__", None), "send_text_now", None)
         while True:
             if backlog:
                 message = backlog.popleft()
@@ -517,10 +520,11 @@ class WSConnection:
                 await self._release()
                 await self._close(1000)
                 return
-            try:
-                await send({"type": "websocket.send", "text": reply})
-            except Exception:
-                return
+            if send_now is None or not send_now(reply):
+                try:
+                    await send({"type": "websocket.send", "text": reply})
+                except Exception:
+                    return
             self._replied_at = time.monotonic()
 
     def _too_large(self, size: int) -> str:

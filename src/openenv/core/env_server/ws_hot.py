@@ -40,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import os
 import select
-import struct
 import threading
 import time
 from typing import Any, Optional, Tuple
@@ -49,11 +48,7 @@ import pydantic
 
 from .serialization import deserialize_action, observation_message_json, parse_json
 from .workers import Waker, WorkerPool, deliverable
-
-try:
-    from websockets.speedups import apply_mask
-except ImportError:  # pragma: no cover - the C speed-up is not built for this platform
-    from websockets.utils import apply_mask
+from .ws_frames import client_text, text_frame
 
 LINGER_S = 0.002
 """How long a worker waits for a client's next step frame, and how soon after an answer a step
@@ -65,7 +60,6 @@ READ_SIZE = 64 * 1024
 _ENVELOPE_KEYS = frozenset({"type", "data"})
 MCP_ACTIONS = ("list_tools", "call_tool")
 """Action types that run on the event loop in an MCP environment, never in a lent worker."""
-_TEXT_FIN = 0x81  # FIN, no RSV bits, opcode 1 (text)
 
 
 def linger_from_env() -> float:
@@ -83,41 +77,6 @@ def linger_from_env() -> float:
 def supported() -> bool:
     """Whether this platform lends connections (POSIX sockets and ``poll``)."""
     return os.name == "posix" and hasattr(select, "poll")
-
-
-def text_frame(text: str) -> bytes:
-    """A server's WebSocket text frame (unmasked, unfragmented) carrying ``text``."""
-    payload = text.encode()
-    size = len(payload)
-    if size < 126:
-        return bytes((_TEXT_FIN, size)) + payload
-    if size < 65536:
-        return struct.pack("!BBH", _TEXT_FIN, 126, size) + payload
-    return struct.pack("!BBQ", _TEXT_FIN, 127, size) + payload
-
-
-def client_text(data: bytes, max_chars: int) -> Optional[str]:
-    """The text of ``data`` when it is exactly one complete, unfragmented, masked client text
-    frame of at most ``max_chars`` characters; else None (the loop's parser then reads it)."""
-    size = len(data)
-    if size < 6 or data[0] != _TEXT_FIN or not data[1] & 0x80:
-        return None
-    length = data[1] & 0x7F
-    start = 2
-    if length == 126:
-        if size < 8:
-            return None
-        length = (data[2] << 8) | data[3]
-        start = 4
-    elif length == 127:  # 64 KiB or more: never a whole frame in one read
-        return None
-    if size != start + 4 + length:
-        return None
-    try:
-        text = apply_mask(data[start + 4 :], data[start : start + 4]).decode()
-    except UnicodeDecodeError:
-        return None
-    return text if len(text) <= max_chars else None
 
 
 class HandBack:

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Optional
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.protocol import State
 
+from .ws_frames import client_text, text_frame
+
 if TYPE_CHECKING:  # pragma: no cover
     from .ws_hot import HandBack, Lending
 
@@ -58,6 +60,67 @@ class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
 
     lent: Optional[Lending] = None
     """The lending of this connection to a worker, while there is one."""
+
+    _plain: Optional[bool] = None  # no WebSocket extension, a websockets we know: set once accepted
+
+    # --- the common case without websockets' frame machinery ----------------------------------
+
+    def _is_plain(self) -> bool:
+        """Whether messages may skip websockets' own framing: the handshake is done and no
+        extension (compression) is in use."""
+        plain = self._plain
+        if plain is None:
+            if not self.handshake_complete or self.initial_response is not None:
+                return False
+            conn = self.conn
+            plain = self._plain = (
+                not conn.extensions
+                and hasattr(conn.reader, "buffer")
+                and hasattr(conn, "current_size")
+                and hasattr(conn, "expect_continuation_frame")
+            )
+        return plain
+
+    def data_received(self, data: bytes) -> None:
+        # A read holding exactly one small, whole text frame (a request/response client's every
+        # message) is queued as it is; anything else goes through websockets' parser.
+        conn = self.conn
+        if (
+            self.lent is None
+            and not self.close_sent
+            and self._is_plain()
+            and conn.state is State.OPEN
+            and conn.current_size is None
+            and not conn.reader.buffer
+            and (conn.max_message_size is None or len(data) <= conn.max_message_size)
+        ):
+            text = client_text(data, READ_AHEAD_MAX_BYTES)
+            if text is not None:
+                self.queue.put_nowait({"type": "websocket.receive", "text": text})
+                if self.queue.qsize() >= READ_AHEAD_MESSAGES:
+                    self.read_paused = True
+                    self.transport.pause_reading()
+                return
+        super().data_received(data)
+
+    def send_text_now(self, text: str) -> bool:
+        """Write ``text`` as a text message now, as the ASGI ``send`` would, and return True;
+        False when something stands in the way (flow control, a close, an extension): the
+        caller then awaits ``send`` as usual."""
+        transport = self.transport
+        if (
+            self.lent is None
+            and not self.close_sent
+            and not self.disconnected
+            and self._is_plain()
+            and self.writable.is_set()
+            and self.conn.state is State.OPEN
+            and not self.conn.expect_continuation_frame
+            and not transport.is_closing()
+        ):
+            transport.write(text_frame(text))
+            return True
+        return False
 
     # --- lending ----------------------------------------------------------------------------
 
