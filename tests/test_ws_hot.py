@@ -683,3 +683,21 @@ async def test_answers_a_slow_reader_holds_up_wait_for_the_transport_in_order():
                 assert len(reply["data"]["observation"]["blob"]) == 1024 * 1024
                 values.append(reply["data"]["observation"]["value"])
             assert values == list(range(1, 31))
+
+
+async def test_closed_connections_are_not_kept_alive_by_the_servers_bookkeeping():
+    import gc
+
+    from openenv.core.env_server.ws_endpoint import WSConnection
+
+    app = counter_app()
+    with serve(app) as server:
+        for _ in range(20):
+            async with connect(ws_url(server), compression=None) as ws:
+                await step_values(ws, 3)
+
+        def none_alive() -> bool:
+            gc.collect()
+            return not any(isinstance(obj, WSConnection) for obj in gc.get_objects())
+
+        await until(none_alive, timeout=5)  # once the last one's task has ended

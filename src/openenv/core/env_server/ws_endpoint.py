@@ -120,6 +120,8 @@ class ConnectionWatch:
 
     def unregister(self, connection: WSConnection) -> None:
         self._connections.discard(connection)
+        if self.last_active is connection:
+            self.last_active = None
 
     async def _sweep(self) -> None:
         loop = asyncio.get_running_loop()
@@ -273,7 +275,7 @@ class WSConnection:
         self._linger = server.ws_linger_s
         self._lend_mcp = False
         self._replied_at = 0.0  # time.monotonic() when the last answer went out
-        self._previous_active: Optional[WSConnection] = None  # whose message the loop handled before this one's
+        self._follows_own = False  # the loop's previous message was this connection's too
         self._disconnected = False
         self._task: Optional[asyncio.Task] = None
         self._watcher: Optional[asyncio.Task] = None
@@ -345,7 +347,7 @@ class WSConnection:
         worker would only contend with it for the GIL.)"""
         return (
             time.monotonic() - self._replied_at <= self._linger
-            and self._previous_active is self
+            and self._follows_own
             and self.manager.pool.backlog == 0
             and not self._backlog
             and self._watcher is None
@@ -497,7 +499,8 @@ class WSConnection:
                     return
             text = message.get("text")
             self.busy_since = loop.time()
-            self._previous_active, watch.last_active = watch.last_active, self
+            self._follows_own = watch.last_active is self
+            watch.last_active = self
             try:
                 if text is not None:
                     reply: Any = await self.handle_text(text)
