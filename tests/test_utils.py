@@ -140,3 +140,17 @@ def test_within_never_loses_a_cancellation_that_races_the_result():
             assert await race() == "cancelled"
 
     asyncio.run(asyncio.wait_for(main(), 10))
+
+
+def test_a_number_from_the_environment_is_read_or_refused_by_name(monkeypatch):
+    from openenv.core.utils import number_from_env
+
+    monkeypatch.delenv("OPENENV_TEST_NUMBER", raising=False)
+    assert number_from_env("OPENENV_TEST_NUMBER", "seconds") is None
+    monkeypatch.setenv("OPENENV_TEST_NUMBER", "  ")
+    assert number_from_env("OPENENV_TEST_NUMBER", "seconds") is None
+    monkeypatch.setenv("OPENENV_TEST_NUMBER", " 2.5 ")
+    assert number_from_env("OPENENV_TEST_NUMBER", "seconds") == 2.5
+    monkeypatch.setenv("OPENENV_TEST_NUMBER", "soon")
+    with pytest.raises(ValueError, match="OPENENV_TEST_NUMBER must be a number of seconds, got 'soon'"):
+        number_from_env("OPENENV_TEST_NUMBER", "seconds")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import os
 import re
 import sys
 import threading
@@ -72,6 +73,18 @@ def is_local_host(host: str) -> bool:
     """Whether ``host`` names this machine beyond doubt: ``localhost`` or a loopback IP address
     (other names, ``*.localhost`` ones too, may be looked up in DNS)."""
     return host == "localhost" or is_loopback_ip(host)
+
+
+def number_from_env(name: str, unit: str) -> Optional[float]:
+    """``$name`` as a number (None when unset or blank); a ValueError that names the variable
+    and its ``unit`` when it is not one."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of {unit}, got {raw!r}") from None
 
 
 def parse_endpoint(base_url: str) -> Endpoint:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Deque
 
 import pydantic
 
-from ..utils import timeout_after, within
+from ..utils import number_from_env, timeout_after, within
 from .exceptions import (
     ConcurrencyConfigurationError,
     EnvironmentCallError,
@@ -264,14 +264,8 @@ def env_class_of(factory: Any) -> Optional[type]:
 
 
 def _timeout_from_env() -> Optional[float]:
-    raw = os.environ.get("OPENENV_STEP_TIMEOUT_S")
-    if not raw:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"OPENENV_STEP_TIMEOUT_S must be a number of seconds, got {raw!r}") from None
-    return value if value > 0 else None
+    value = number_from_env("OPENENV_STEP_TIMEOUT_S", "seconds")
+    return value if value is not None and value > 0 else None
 
 
 class SessionManager:
@@ -625,15 +619,11 @@ class SessionManager:
                     else:
                         result = await _with_timeout(job.future, timeout, operation)
                 except StepTimeoutError:
-                    if not self.pool.abandon(job):  # it waited for a worker all along: env untouched
-                        session.inflight = None
-                        raise WorkersStuckError(operation, timeout, self.pool.stuck, waited=True) from None
-                    self._discard_env(session)
+                    self._given_up(session, job, operation, timeout)
                     raise
                 except asyncio.CancelledError:
-                    if not self.pool.abandon(job):  # it will be skipped: nothing to wait for
-                        session.inflight = None
-                    raise  # else session.inflight stays: the next call waits for it
+                    self._given_up(session, job, operation)
+                    raise
                 except pydantic.ValidationError as exc:  # the environment's, not the client's input
                     session.inflight = None
                     raise EnvironmentCallError(exc) from exc
@@ -678,15 +668,11 @@ class SessionManager:
                         await _with_timeout(job.future, remaining, "step", limit=timeout)
                 handback: HandBack = job.future.result()
             except StepTimeoutError:
-                if not self.pool.abandon(job):  # it waited for a worker all along: env untouched
-                    session.inflight = None
-                    raise WorkersStuckError("step", timeout, self.pool.stuck, waited=True) from None
-                self._discard_env(session)
+                self._given_up(session, job, "step", timeout)
                 raise
             except asyncio.CancelledError:
-                if not self.pool.abandon(job):  # it will be skipped: nothing to wait for
-                    session.inflight = None
-                raise  # else session.inflight stays: the next call waits for it
+                self._given_up(session, job, "step")
+                raise
             session.inflight = None
             steps = handback.steps
             outcome = handback.outcome
@@ -701,6 +687,18 @@ class SessionManager:
             lock.release()
             session.step_count += steps
             session.touch()
+
+    def _given_up(self, session: Session, job: Job, operation: str, timeout: Optional[float] = None) -> None:
+        """The caller of ``job`` stopped waiting: past the step ``timeout`` when one is given,
+        else cancelled. A call that never started is skipped and leaves the environment alone
+        (after a timeout: WorkersStuckError); one that runs on keeps ``session.inflight`` (the
+        next call waits for it) and, after a timeout, costs the session its environment."""
+        if not self.pool.abandon(job):
+            session.inflight = None
+            if timeout is not None:
+                raise WorkersStuckError(operation, timeout, self.pool.stuck, waited=True) from None
+        elif timeout is not None:
+            self._discard_env(session)
 
     async def _env_for_call(self, session: Session, operation: str) -> Any:
         """The session's environment, ready for a call (the session's lock is held)."""

@@ -46,6 +46,7 @@ from typing import Any, Optional, Tuple
 
 import pydantic
 
+from ..utils import number_from_env
 from .serialization import deserialize_action, observation_message_json, parse_json
 from .workers import Waker, WorkerPool, deliverable
 from .ws_frames import client_text, text_frame
@@ -64,14 +65,8 @@ MCP_ACTIONS = ("list_tools", "call_tool")
 
 def linger_from_env() -> float:
     """:data:`LINGER_S`, or ``$OPENENV_WS_LINGER_MS`` when set (``0``: never lend)."""
-    raw = os.environ.get("OPENENV_WS_LINGER_MS", "").strip()
-    if not raw:
-        return LINGER_S
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"OPENENV_WS_LINGER_MS must be a number of milliseconds, got {raw!r}") from None
-    return max(value, 0.0) / 1000.0
+    value = number_from_env("OPENENV_WS_LINGER_MS", "milliseconds")
+    return LINGER_S if value is None else max(value, 0.0) / 1000.0
 
 
 def supported() -> bool:
