@@ -10,6 +10,7 @@ import json
 import os
 import random
 import socket
+import threading
 import time
 from typing import Any, List, Optional
 
@@ -24,12 +25,12 @@ from websockets.uri import parse_uri
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import State
-from openenv.core.env_server.workers import WorkerPool
+from openenv.core.env_server.workers import Waker, WorkerPool
 from openenv.core.env_server.ws_frames import client_text, text_frame
 from openenv.core.env_server.ws_protocol import OpenEnvWebSocketProtocol
 
 from .conftest import counter_app, serve, until
-from .envs import TRACKER, CounterAction, CounterObservation, SingleThreadEnv
+from .envs import TRACKER, CounterAction, CounterEnv, CounterObservation, SingleThreadEnv
 
 STEP = json.dumps({"type": "step", "data": {"delta": 1}})
 
@@ -701,3 +702,181 @@ async def test_closed_connections_are_not_kept_alive_by_the_servers_bookkeeping(
             return not any(isinstance(obj, WSConnection) for obj in gc.get_objects())
 
         await until(none_alive, timeout=5)  # once the last one's task has ended
+
+
+# --- races and limits found in review, each reproduced (a narrow window widened by a delay) -----
+
+
+def test_uvicorns_frame_size_limit_applies_to_lent_steps_too():
+    app = counter_app()
+    with serve(app, ws_max_size=100) as server:
+        client = RawClient(server)
+        try:
+            assert client.step()["data"]["observation"]["value"] == 1
+            assert client.step()["data"]["observation"]["value"] == 2  # the worker's: now lent
+            assert env_server(app).lent_answers >= 1
+            client.send_text('{"type": "step", "data": {"delta": 1}' + " " * 150 + "}")  # 190 bytes
+            assert client.next_event().opcode is Opcode.CLOSE  # 1009, as for any frame too large
+        finally:
+            client.close()
+
+
+@pytest.mark.parametrize("ws", [None, "websockets-sansio"], ids=["ours", "uvicorns"])
+def test_a_frame_split_after_its_header_is_read_as_sent(ws, monkeypatch):
+    """websockets' parser takes a frame's header out of its buffer before the mask arrives: an
+    empty buffer is no frame boundary. Here the rest of the frame (mask first) happens to look
+    like a whole frame of its own."""
+    monkeypatch.setenv("OPENENV_WS_LINGER_MS", "0")
+    payload = STEP.encode()
+    mask = bytes([0x81, 0x80 | (len(payload) - 2), 0x11, 0x22])
+    head = bytes([0x81, 0x80 | len(payload)])
+    rest = mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    with serve(counter_app(), **({"ws": ws} if ws else {})) as server:
+        client = RawClient(server)
+        try:
+            assert client.step()["data"]["observation"]["value"] == 1
+            client.sock.sendall(head)
+            time.sleep(0.1)
+            client.sock.sendall(rest)
+            assert client.reply()["data"]["observation"]["value"] == 2
+            assert client.step()["data"]["observation"]["value"] == 3
+        finally:
+            client.close()
+
+
+def test_a_wake_up_just_before_a_worker_waits_is_not_lost(monkeypatch):
+    original = Waker.wait
+
+    def late(self, fd, timeout_ms):
+        time.sleep(0.2)  # the worker, past linger's check of the queue, not yet waiting
+        return original(self, fd, timeout_ms)
+
+    monkeypatch.setattr(Waker, "wait", late)
+
+    async def scenario() -> float:
+        pool = WorkerPool(1, max_stuck=0)
+        read_fd, write_fd = os.pipe()
+        try:
+            lingering = pool.submit(_linger_on, pool, read_fd)
+            await asyncio.sleep(0.1)
+            started = time.monotonic()
+            assert await pool.submit(lambda: "ran").future == "ran"
+            await lingering.future
+            return time.monotonic() - started
+        finally:
+            pool.shutdown()
+            os.close(read_fd)
+            os.close(write_fd)
+
+    assert asyncio.run(scenario()) < 2.5  # not the 5 s linger
+
+
+def test_a_recall_just_after_a_workers_answer_answers_nothing_twice(monkeypatch):
+    from openenv.core.env_server.ws_endpoint import ConnectionWatch
+
+    def get(self):
+        if threading.current_thread().name.startswith("openenv-env"):
+            time.sleep(0.15)  # the worker, between its answer and its wait for the next frame
+        return self.__dict__.get("_last")
+
+    def set_(self, value):
+        self.__dict__["_last"] = value
+
+    monkeypatch.setattr(ConnectionWatch, "last_active", property(get, set_), raising=False)
+    app = counter_app()
+    with serve(app, ws_ping_interval=0.05, ws_ping_timeout=5) as server:  # pings recall it
+        client = RawClient(server)
+        try:
+            assert client.step()["data"]["observation"]["value"] == 1
+            assert client.step()["data"]["observation"]["value"] == 2
+            assert env_server(app).lent_answers >= 1
+            client.sock.settimeout(0.2)
+            stray = []
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline:  # nothing asked from here: no text may come
+                try:
+                    event = client.next_event()
+                except TimeoutError:
+                    continue
+                if event.opcode is Opcode.PING:
+                    client.flush()  # the pong
+                elif event.opcode is Opcode.TEXT:
+                    stray.append(json.loads(event.data))
+            assert stray == []
+        finally:
+            client.close()
+
+
+def test_a_ping_never_lands_inside_a_half_written_answer(monkeypatch):
+    from openenv.core.env_server.sessions import SessionManager
+
+    original = SessionManager.call_lent
+
+    async def late_take_back(self, session, lending):
+        handback = await original(self, session, lending)
+        await asyncio.sleep(0.2)  # the loop busy elsewhere before it takes the connection back
+        return handback
+
+    monkeypatch.setattr(SessionManager, "call_lent", late_take_back)
+    app = create_app(BlobEnv, BlobAction, BlobObservation, max_concurrent_envs=2)
+    with serve(app, ws_ping_interval=0.05, ws_ping_timeout=5) as server:
+        client = RawClient(server)
+        try:
+            small = json.dumps({"type": "step", "data": {"size": 10}})
+            client.send_text(small)
+            assert client.reply()["data"]["observation"]["value"] == 1
+            (protocol,) = protocols(server)
+            protocol.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+            client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+            client.send_text(small)
+            assert client.reply()["data"]["observation"]["value"] == 2  # lent from here
+            client.send_text(json.dumps({"type": "step", "data": {"size": 1024 * 1024}}))
+            time.sleep(0.5)  # the answer fills the buffers; pings fall due meanwhile
+            reply = client.reply()  # a ping inside the text frame would garble it
+            assert reply["data"]["observation"]["value"] == 3
+            assert len(reply["data"]["observation"]["blob"]) == 1024 * 1024
+        finally:
+            client.close()
+
+
+def test_the_sessions_step_count_follows_a_hot_client():
+    app = counter_app()
+    with serve(app) as server:
+        client = RawClient(server)
+        try:
+            manager = env_server(app).manager
+            for expected in range(1, 51):
+                assert client.step()["data"]["observation"]["value"] == expected
+            (session_id,) = manager.sessions()
+
+            async def info() -> Any:
+                return manager.session_info(session_id)
+
+            assert asyncio.run_coroutine_threadsafe(info(), server.loop).result(5).step_count == 50
+            assert env_server(app).lent_answers >= 40  # still lent: counted as they happen
+        finally:
+            client.close()
+
+
+class SlowRebuildEnv(CounterEnv):
+    built = 0
+
+    def __init__(self) -> None:
+        type(self).built += 1
+        if type(self).built > 1:
+            time.sleep(0.3)  # a rebuild, after a timeout discarded the first
+        super().__init__()
+
+
+@pytest.mark.parametrize("compression", [None, "deflate"], ids=["plain", "deflate"])
+async def test_the_step_timeout_counts_from_the_step_not_from_the_rebuild_before_it(compression):
+    SlowRebuildEnv.built = 0
+    app = counter_app(SlowRebuildEnv, step_timeout_s=0.5)
+    with serve(app) as server:
+        async with connect(ws_url(server), compression=compression) as ws:
+            await step_values(ws, 3)
+            await ws.send(json.dumps({"type": "step", "data": {"sleep_s": 0.7}}))
+            assert json.loads(await ws.recv())["data"]["code"] == "TIMEOUT"
+            # At once: the environment is rebuilt (0.3 s), then a 0.35 s step within the 0.5 s.
+            await ws.send(json.dumps({"type": "step", "data": {"sleep_s": 0.35}}))
+            assert json.loads(await ws.recv())["type"] == "observation"

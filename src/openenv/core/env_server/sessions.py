@@ -141,7 +141,8 @@ class SessionClosedError(SessionNotFoundError):
 
 
 class Session:
-    """One environment instance and its bookkeeping. Fields are only touched on the event loop."""
+    """One environment instance and its bookkeeping. Fields are only touched on the event loop,
+    but for :meth:`touch` by the worker serving a lent connection (under the session's lock)."""
 
     __slots__ = (
         "attached",
@@ -637,7 +638,8 @@ class SessionManager:
     async def call_lent(self, session: Session, lending: Lending) -> HandBack:
         """Step the session's (sync) environment in the pool with its connection lent to the
         worker (see :mod:`.ws_hot`), under the session's lock; the worker may answer any number
-        of steps before it hands the connection back.
+        of steps before it hands the connection back, and counts them on the session itself
+        (nothing else touches the session while its lock is held).
 
         A step's exception is raised here, as :meth:`call` raises it. The step timeout applies to
         a step once the loop has recalled the connection from it, which the server does for any
@@ -647,11 +649,12 @@ class SessionManager:
         waiter = lock.acquire()
         if waiter is not None:
             await lock.wait(waiter)
-        steps = 0
         try:
             env = await self._env_for_call(session, "step")
             self._check_workers("step")
             timeout = self.step_timeout_s
+            lending.session = session  # the worker counts the steps it runs
+            lending.step_started = time.monotonic()  # the step timeout counts from here, as in call()
             job = self.pool.submit(lending.serve, env)
             session.inflight = job
             lock.on_contended = lending.ask_to_yield
@@ -674,7 +677,6 @@ class SessionManager:
                 self._given_up(session, job, "step")
                 raise
             session.inflight = None
-            steps = handback.steps
             outcome = handback.outcome
             if outcome is not None and not outcome[0]:
                 error = outcome[1]
@@ -685,7 +687,6 @@ class SessionManager:
         finally:
             lock.on_contended = None
             lock.release()
-            session.step_count += steps
             session.touch()
 
     def _given_up(self, session: Session, job: Job, operation: str, timeout: Optional[float] = None) -> None:

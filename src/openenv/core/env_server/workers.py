@@ -280,11 +280,18 @@ class Waker:
                 except BlockingIOError:  # a wake-up is pending anyway
                     pass
 
-    def wait(self, fd: int, timeout_ms: int) -> bool:
-        """Wait up to ``timeout_ms`` for ``fd`` to be readable; False on a time-out or a wake-up."""
-        if self.signalled:  # consumed here: a wake-up meant for an earlier wait is not this one's
+    def reset(self) -> None:
+        """Forget wake-ups so far: call it before checking what a wake-up would tell (the next
+        :meth:`wait` then ends only for one that comes after)."""
+        if self.signalled:
             self.signalled = False
             self._drain()
+
+    def wait(self, fd: int, timeout_ms: int) -> bool:
+        """Wait up to ``timeout_ms`` for ``fd`` to be readable; False on a time-out, or at once
+        for a wake-up since the last :meth:`reset`."""
+        if self.signalled or fd < 0:
+            return False
         poller = self._poller
         poller.register(fd, select.POLLIN | select.POLLPRI)
         try:
@@ -294,11 +301,10 @@ class Waker:
         readable = False
         for ready, _ in events:
             if ready == self._read_fd:
-                self.signalled = False
-                self._drain()
+                self.signalled = True  # so the next reset drains it, however wake() interleaved
                 return False
             readable = True
-        return readable
+        return readable and not self.signalled
 
     def _drain(self) -> None:
         try:
@@ -410,8 +416,9 @@ class WorkerPool:
 
     def linger(self, fd: int, timeout_ms: int) -> bool:
         """On a worker, between calls of a long one: wait up to ``timeout_ms`` for ``fd`` to be
-        readable. Returns False on a time-out, on a wake-up, and at once or as soon as a
-        submitted call would otherwise wait for this thread."""
+        readable. Returns False on a time-out, on a wake-up of the thread's :class:`Waker`
+        since its last reset, and at once or as soon as a submitted call would otherwise wait
+        for this thread."""
         waker = self.thread_waker()
         with self._lock:
             self._lingering.append(waker)

@@ -131,7 +131,7 @@ class ConnectionWatch:
             late_step = time.monotonic() - WATCH_AFTER_S
             for connection in list(self._connections):
                 lending = connection.lent
-                if lending is not None:
+                if lending is not None and not lending.ended:
                     # A worker serves this connection: recall it from a step that runs long, so
                     # that the watcher and the step timeout apply to that step as to any other.
                     started = lending.step_started
@@ -345,10 +345,15 @@ class WSConnection:
         nothing else to do: no other connection's message came in since this one's last, and no
         other call is in the pool. (With other work the loop is awake anyway, and a lending
         worker would only contend with it for the GIL.)"""
+        session = self.session
         return (
             time.monotonic() - self._replied_at <= self._linger
             and self._follows_own
             and self.manager.pool.backlog == 0
+            and session is not None
+            and session.env is not None  # a rebuild, a lock to wait for, an earlier call still
+            and not session.lock.locked()  # running: each a wait, done the usual way (reading)
+            and (session.inflight is None or session.inflight.done)
             and not self._backlog
             and self._watcher is None
             and not (self._lend_mcp and getattr(action, "type", None) in ws_hot.MCP_ACTIONS)

@@ -9,7 +9,9 @@ left to websockets' own parser: these functions answer None for it.
 from __future__ import annotations
 
 import struct
-from typing import Optional
+from typing import Any, Optional
+
+from websockets.streams import StreamReader
 
 try:
     from websockets.speedups import apply_mask
@@ -17,6 +19,24 @@ except ImportError:  # pragma: no cover - the C speed-up is not built for this p
     from websockets.utils import apply_mask
 
 _TEXT_FIN = 0x81  # FIN, no RSV bits, opcode 1 (text)
+_AT_EOF = StreamReader.at_eof.__code__
+
+
+def between_frames(conn: Any) -> bool:
+    """Whether websockets' parser of ``conn`` (a sans-I/O ``Protocol``) waits for the first byte
+    of a frame: no frame half read, no fragmented message under way. (An empty read buffer alone
+    does not say it: the parser takes a frame's header, mask and payload out of the buffer as
+    each arrives.) False for any parser state it cannot tell, such as another websockets'."""
+    if conn.current_size is not None:  # a fragmented message is under way
+        return False
+    generator = getattr(conn, "parser", None)
+    for _ in range(4):  # ServerProtocol.parse -> Protocol.parse -> StreamReader.at_eof
+        generator = getattr(generator, "gi_yieldfrom", None)
+        if generator is None:
+            return False
+        if getattr(generator, "gi_code", None) is _AT_EOF:
+            return not conn.reader.buffer
+    return False
 
 
 def text_frame(text: str) -> bytes:
@@ -30,9 +50,11 @@ def text_frame(text: str) -> bytes:
     return struct.pack("!BBQ", _TEXT_FIN, 127, size) + payload
 
 
-def client_text(data: bytes, max_chars: int) -> Optional[str]:
+def client_text(data: bytes, max_chars: int, max_bytes: Optional[int] = None) -> Optional[str]:
     """The text of ``data`` when it is exactly one complete, unfragmented, masked client text
-    frame of at most ``max_chars`` characters; else None (websockets' parser reads it then)."""
+    frame of at most ``max_chars`` characters (and ``max_bytes`` bytes of payload, websockets'
+    ``max_size``); else None (websockets' parser reads it then). Read it only where
+    :func:`between_frames` holds."""
     size = len(data)
     if size < 6 or data[0] != _TEXT_FIN or not data[1] & 0x80:
         return None
@@ -45,7 +67,7 @@ def client_text(data: bytes, max_chars: int) -> Optional[str]:
         start = 4
     elif length == 127:  # 64 KiB or more: never a whole frame in one read
         return None
-    if size != start + 4 + length:
+    if size != start + 4 + length or (max_bytes is not None and length > max_bytes):
         return None
     try:
         text = apply_mask(data[start + 4 :], data[start : start + 4]).decode()

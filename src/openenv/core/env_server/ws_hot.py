@@ -7,11 +7,15 @@ server spent twice the CPU per step of a bare ``websockets`` server doing the sa
 trip.
 
 A client that steps back to back does not need them. When a step frame arrives within
-:data:`LINGER_S` of the previous answer on that socket, the loop *lends* the connection to the
-worker with the step: it stops reading the socket, and the worker runs the step, writes the
-answer frame to the socket itself, then waits up to :data:`LINGER_S` for the next frame and, if
-that is a plain step frame, runs it at once. The event loop takes no part until the worker hands
-the connection back, so each step costs one wake-up, as on the bare floor.
+:data:`LINGER_S` of the previous answer on that socket, and the server has nothing else to do
+(the loop's previous message was this connection's too, no other call is in the pool, the
+session is idle with its environment in place), the loop *lends* the connection to the worker
+with the step: it stops reading the socket, and the worker runs the step, writes the answer frame
+to the socket itself, then waits up to :data:`LINGER_S` for the next frame and, if that is a
+plain step frame, runs it at once. The event loop takes no part until the worker hands the
+connection back, so each step costs one wake-up, as on the bare floor. With other clients busy
+the loop is awake anyway, and a lending worker would only contend with it for the GIL: the
+worker hands back as soon as another connection's message comes in.
 
 The worker keeps only what is plainly a step: a read holding exactly one unfragmented, masked
 text frame whose JSON is ``{"type": "step", "data": {...}}`` with an action that validates and
@@ -22,14 +26,17 @@ exception, an answer the worker could not write in full, and every lull longer t
 :data:`LINGER_S`.
 
 The loop *recalls* a lent connection when it must act on it itself: a step that has run for
-``WATCH_AFTER_S`` (from then on the step timeout and the disconnect watch apply as to any step),
-a keepalive ping, a server shutdown. Another call waiting for the session, or for a worker, asks
-the worker to hand the connection back after its current step.
+``WATCH_AFTER_S`` (from then on the step timeout, counted from the step's start, and the
+disconnect watch apply as to any step), a keepalive ping, a server shutdown. Another call waiting
+for the session, or for a worker, asks the worker to hand the connection back after its current
+step, at once if it is waiting for the next frame.
 
 Thread safety: the worker touches the socket (a duplicate of its file descriptor) only while
-holding the link's lock and after checking that the link has not ended; the loop ends the link
-under the same lock before it reads from, writes to or closes the socket itself. Bytes the
-worker read are fed to the loop's WebSocket parser before the loop reads the socket again.
+holding the lending's lock and after checking that the lending has not ended; the loop ends the
+lending under the same lock before it reads from, writes to or closes the socket itself, and then
+writes the rest of an answer the worker left half written before any frame of its own. Bytes the
+worker read are fed to the loop's WebSocket parser before the loop reads the socket again, and
+the loop lends a connection only while that parser is between frames.
 
 ``$OPENENV_WS_LINGER_MS`` sets :data:`LINGER_S` for the servers a process creates; ``0`` turns
 lending off.
@@ -43,8 +50,6 @@ import select
 import threading
 import time
 from typing import Any, Optional, Tuple
-
-import pydantic
 
 from ..utils import number_from_env
 from .serialization import deserialize_action, observation_message_json, parse_json
@@ -77,15 +82,10 @@ def supported() -> bool:
 class HandBack:
     """What a worker hands back with a lent connection."""
 
-    __slots__ = ("outcome", "raw", "sent_at", "steps", "unsent")
+    __slots__ = ("outcome", "raw", "sent_at", "steps")
 
     def __init__(
-        self,
-        steps: int,
-        sent_at: float,
-        outcome: Optional[Tuple[bool, Any]] = None,
-        raw: bytes = b"",
-        unsent: bytes = b"",
+        self, steps: int, sent_at: float, outcome: Optional[Tuple[bool, Any]] = None, raw: bytes = b""
     ) -> None:
         self.steps = steps
         """Steps that returned an observation (answered by the worker, or in ``outcome``)."""
@@ -95,16 +95,16 @@ class HandBack:
         """The last step's ``(ok, observation or exception)`` when its answer is the loop's to send."""
         self.raw = raw
         """Bytes read from the socket that the loop's WebSocket parser must read first."""
-        self.unsent = unsent
-        """The rest of an answer frame the worker could write only in part: the loop writes it first."""
 
 
 class Lending:
     """One lending of a connection to a worker: its state is shared by the loop and the worker.
 
-    The loop creates it with the first step's action, the session runs :meth:`serve` in the pool
-    (see ``SessionManager.call_lent``), and the loop ends it with :meth:`recall` or takes the
-    connection back when :meth:`serve` returns (``OpenEnvWebSocketProtocol.take_back``).
+    The loop creates it with the first step's action and lends the connection (``protocol.lend``);
+    the session runs :meth:`serve` in the pool (``SessionManager.call_lent``); the loop ends it
+    with :meth:`recall` or takes the connection back when :meth:`serve` returns
+    (``OpenEnvWebSocketProtocol.take_back``). An answer the socket took only in part leaves its
+    rest in :meth:`take_unsent`, which the loop writes before anything else.
     """
 
     __slots__ = (
@@ -112,6 +112,7 @@ class Lending:
         "_lock",
         "_owner",
         "_pool",
+        "_unsent",
         "_watch",
         "action",
         "action_cls",
@@ -119,10 +120,12 @@ class Lending:
         "ended",
         "in_step",
         "linger_ms",
+        "max_bytes",
         "max_chars",
         "mcp",
         "protocol",
         "reading",
+        "session",
         "step_started",
         "taken_back",
         "waker",
@@ -148,18 +151,23 @@ class Lending:
         self._pool = pool
         self._watch = watch  # its ``last_active``: the connection whose message the loop handled last
         self._owner = owner  # the connection lent
+        self._unsent = b""  # the rest of an answer the socket took only in part
+        self.session: Any = None  # set by SessionManager.call_lent; the worker counts its steps there
         self.waker: Optional[Waker] = None  # the serving worker's, once it serves
         self.action = action
-        self.answered = 0  # answers the worker wrote (read by the loop once the lending is over)
+        self.answered = 0  # answers the worker wrote
         self.action_cls = action_cls
         self.max_chars = max_chars
+        self.max_bytes: Optional[int] = getattr(getattr(protocol, "conn", None), "max_message_size", None)
+        """uvicorn's own limit on a message's bytes (``ws_max_size``), which websockets' parser
+        applies to every frame the loop reads."""
         self.linger_ms = max(1, round(linger_s * 1000))
         self.mcp = mcp
         self.ended = False
-        self.in_step = True  # the first step is under way from now (as a call in the pool is)
-        self.step_started = time.monotonic()
-        """``time.monotonic()`` when the running step began (the first: when it was lent), 0.0
-        between steps."""
+        self.in_step = True  # the first step is under way as soon as the call is in the pool
+        self.step_started = 0.0
+        """``time.monotonic()`` when the running step began (the first: when it went to the pool),
+        0.0 between steps."""
         self.yield_asked = False
         self.reading = False  # the loop reads the socket again (recalled during a step)
         self.taken_back: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -176,15 +184,22 @@ class Lending:
             self.ended = True
             in_step = self.in_step
             fd, self._fd = self._fd, -1
-        os.close(fd)
-        if self.protocol.lent is self:
-            self.protocol.lent = None
+        os.close(fd)  # the worker uses it only under the lock, after checking `ended`
+        waker = self.waker
+        if waker is not None:  # a worker waiting for the next frame: let it go at once
+            waker.wake()
         if in_step:
             self.reading = True
             self.protocol.resume_after_lending()
             if not self.taken_back.done():
                 self.taken_back.set_result(None)
         return in_step
+
+    def take_unsent(self) -> bytes:
+        """The rest of a half-written answer, once: the loop writes it before anything else."""
+        with self._lock:
+            unsent, self._unsent = self._unsent, b""
+        return unsent
 
     def ask_to_yield(self) -> None:
         """Ask the worker to hand the connection back after its current step (at once if it
@@ -202,7 +217,8 @@ class Lending:
         action, self.action = self.action, None
         lock = self._lock
         pool = self._pool
-        self.waker = pool.thread_waker()
+        waker = self.waker = pool.thread_waker()
+        session = self.session
         steps = 0
         sent_at = 0.0
         try:
@@ -213,11 +229,14 @@ class Lending:
                     self._step_over()
                     return HandBack(steps, sent_at, outcome=(False, deliverable(exc)))
                 steps += 1
+                if session is not None:
+                    session.touch(True)  # the session's lock is held: nobody else touches it now
                 try:
                     frame = text_frame(observation_message_json(observation))
                 except Exception:  # the loop encodes it again and answers the failure as it does
                     self._step_over()
                     return HandBack(steps, sent_at, outcome=(True, observation))
+                waker.reset()  # wake-ups from here on are for this wait
                 with lock:
                     self.in_step = False
                     self.step_started = 0.0
@@ -228,26 +247,18 @@ class Lending:
                         written = os.write(self._fd, frame)
                     except OSError:  # full, or the peer is gone: the loop's transport finds out
                         written = 0
+                    if written < len(frame):
+                        self._unsent = frame[written:]  # under the lock: a recall sees it
+                        if not written:
+                            self.answered -= 1
                 if written:
                     sent_at = time.monotonic()
-                else:
-                    self.answered -= 1
                 if written < len(frame):
-                    return HandBack(steps, sent_at, unsent=frame[written:])
-                if (
-                    self.yield_asked
-                    or self._watch.last_active is not self._owner  # other clients keep the loop awake
-                    or not pool.linger(self._fd, self.linger_ms)
-                ):
                     return HandBack(steps, sent_at)
-                with lock:
-                    if self.ended:
-                        return HandBack(steps, sent_at)
-                    try:
-                        data = os.read(self._fd, READ_SIZE)
-                    except OSError:  # nothing after all, or an error the loop's own read sees
-                        data = b""
-                if not data:  # EOF stays readable: the loop's read meets it too
+                if self.yield_asked or self._watch.last_active is not self._owner:  # others keep the loop awake
+                    return HandBack(steps, sent_at)
+                data = self._next_read(pool)
+                if not data:  # nothing came, or EOF (which stays readable: the loop's read meets it)
                     return HandBack(steps, sent_at)
                 action = self._step_action(data)
                 if action is None:
@@ -264,6 +275,23 @@ class Lending:
                     os.close(self._fd)
                     self._fd = -1
 
+    def _next_read(self, pool: WorkerPool) -> bytes:
+        """Wait up to the linger time for the client's next bytes and read them (b"": none)."""
+        with self._lock:
+            if self.ended:
+                return b""
+            fd = self._fd
+        # The descriptor may be closed by a recall while this waits; the read below sees that.
+        if not pool.linger(fd, self.linger_ms):
+            return b""
+        with self._lock:
+            if self.ended:
+                return b""
+            try:
+                return os.read(self._fd, READ_SIZE)
+            except OSError:  # nothing after all, or an error the loop's own read meets too
+                return b""
+
     def _step_over(self) -> None:
         with self._lock:
             self.in_step = False
@@ -271,21 +299,18 @@ class Lending:
 
     def _step_action(self, data: bytes) -> Any:
         """The action of ``data`` when it is plainly a step frame this worker may run, else None."""
-        text = client_text(data, self.max_chars)
+        text = client_text(data, self.max_chars, self.max_bytes)
         if text is None:
             return None
         try:
             message = parse_json(text)
-        except ValueError:
-            return None
-        if type(message) is not dict or message.keys() != _ENVELOPE_KEYS or message["type"] != "step":
-            return None
-        payload = message["data"]
-        if type(payload) is not dict:
-            return None
-        try:
+            if type(message) is not dict or message.keys() != _ENVELOPE_KEYS or message["type"] != "step":
+                return None
+            payload = message["data"]
+            if type(payload) is not dict:
+                return None
             action = deserialize_action(payload, self.action_cls)
-        except pydantic.ValidationError:
+        except Exception:  # invalid JSON or action: the loop reads it again and answers the error
             return None
         if self.mcp and getattr(action, "type", None) in MCP_ACTIONS:  # MCP actions run on the loop
             return None

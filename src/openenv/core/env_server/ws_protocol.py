@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Optional
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.protocol import State
 
-from .ws_frames import client_text, text_frame
+from .ws_frames import between_frames, client_text, text_frame
 
 if TYPE_CHECKING:  # pragma: no cover
     from .ws_hot import HandBack, Lending
@@ -78,6 +78,8 @@ class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
                 and hasattr(conn.reader, "buffer")
                 and hasattr(conn, "current_size")
                 and hasattr(conn, "expect_continuation_frame")
+                and hasattr(conn, "max_message_size")
+                and hasattr(conn.parser, "gi_yieldfrom")
             )
         return plain
 
@@ -90,11 +92,9 @@ class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
             and not self.close_sent
             and self._is_plain()
             and conn.state is State.OPEN
-            and conn.current_size is None
-            and not conn.reader.buffer
-            and (conn.max_message_size is None or len(data) <= conn.max_message_size)
+            and between_frames(conn)
         ):
-            text = client_text(data, READ_AHEAD_MAX_BYTES)
+            text = client_text(data, READ_AHEAD_MAX_BYTES, conn.max_message_size)
             if text is not None:
                 self.queue.put_nowait({"type": "websocket.receive", "text": text})
                 if self.queue.qsize() >= READ_AHEAD_MESSAGES:
@@ -130,8 +130,7 @@ class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
         transport, conn = self.transport, self.conn
         if transport is None or self.scheme != "ws" or conn.extensions or transport.get_extra_info("sslcontext"):
             return -1
-        reader = getattr(conn, "reader", None)
-        if not hasattr(reader, "buffer") or not hasattr(conn, "current_size"):  # another websockets
+        if not self._is_plain():  # an extension, or a websockets whose parser we cannot read
             return -1
         sock = transport.get_extra_info("socket")
         try:
@@ -148,8 +147,7 @@ class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
             and not self.close_sent
             and self.queue.empty()
             and conn.state is State.OPEN
-            and conn.current_size is None
-            and not conn.reader.buffer
+            and between_frames(conn)
             and transport.get_write_buffer_size() == 0
             and not transport.is_closing()
         )
@@ -169,18 +167,25 @@ class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
         if self.lent is link:
             self.lent = None
         transport = self.transport
-        if handback is not None and not transport.is_closing():
-            if handback.unsent:
-                transport.write(handback.unsent)
-            if handback.raw:
+        unsent = link.take_unsent()
+        if not transport.is_closing():
+            if unsent:
+                transport.write(unsent)
+            if handback is not None and handback.raw:
                 self.data_received(handback.raw)
         if not link.reading:
             link.reading = True
             self.resume_after_lending()
 
     def _recall(self) -> None:
-        if self.lent is not None:
-            self.lent.recall()
+        """Take the connection back before writing on it: the worker writes no more, and the rest
+        of an answer it left half written goes out first."""
+        link = self.lent
+        if link is not None:
+            link.recall()
+            unsent = link.take_unsent()
+            if unsent and not self.transport.is_closing():
+                self.transport.write(unsent)
 
     def send_keepalive_ping(self) -> None:
         self._recall()
