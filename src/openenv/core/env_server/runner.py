@@ -121,7 +121,13 @@ class BackgroundServer:
         config = uvicorn_config(app, host=host, port=self.port, uds=uds, log_level=log_level, **overrides)
         self.server = uvicorn.Server(config)
         # asyncio's own loop unless a loop is asked for by name ("uvloop", "asyncio", "auto").
-        self._loop_factory = config.get_loop_factory() if "loop" in overrides else None
+        self._loop_factory = None
+        if "loop" in overrides:
+            get_loop_factory = getattr(config, "get_loop_factory", None)
+            if get_loop_factory is not None:
+                self._loop_factory = get_loop_factory()
+            else:  # uvicorn before 0.36 sets the loop through the event loop policy
+                config.setup_event_loop()
         self.loop: Optional[asyncio.AbstractEventLoop] = None
         """The event loop the server runs on, once started."""
         self._thread: Optional[threading.Thread] = None
