@@ -880,3 +880,80 @@ async def test_the_step_timeout_counts_from_the_step_not_from_the_rebuild_before
             # At once: the environment is rebuilt (0.3 s), then a 0.35 s step within the 0.5 s.
             await ws.send(json.dumps({"type": "step", "data": {"sleep_s": 0.35}}))
             assert json.loads(await ws.recv())["type"] == "observation"
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e10", "-1"])
+def test_a_linger_out_of_bounds_is_refused(monkeypatch, value):
+    monkeypatch.setenv("OPENENV_WS_LINGER_MS", value)
+    with pytest.raises(ValueError, match="between 0 and 60000 milliseconds"):
+        counter_app()
+
+
+def test_a_fault_in_a_lending_worker_after_its_answer_does_not_answer_twice(monkeypatch):
+    def broken(self, fd, timeout_ms):
+        raise RuntimeError("a fault of the worker's own")
+
+    monkeypatch.setattr(WorkerPool, "linger", broken)
+    app = counter_app()
+    with serve(app) as server:
+        client = RawClient(server)
+        try:
+            for expected in range(1, 6):  # each lent, each handed back after its answer
+                assert client.step()["data"]["observation"]["value"] == expected
+            assert env_server(app).lent_answers >= 3
+            client.sock.settimeout(0.3)
+            with pytest.raises((socket.timeout, TimeoutError)):  # no second answer to any of them
+                client.next_event()
+        finally:
+            client.close()
+
+
+class CountingMiddleware:
+    """Counts the messages the app receives, wrapping only ``receive``."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.seen = 0
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "websocket":
+            await self.app(scope, receive, send)
+            return
+
+        async def counted() -> Any:
+            message = await receive()
+            self.seen += message["type"] == "websocket.receive"
+            return message
+
+        await self.app(scope, counted, send)
+
+
+def test_a_middleware_wrapping_receive_sees_every_message():
+    counting = CountingMiddleware(counter_app())
+    with serve(counting) as server:
+        client = RawClient(server)
+        try:
+            for expected in range(1, 51):
+                assert client.step()["data"]["observation"]["value"] == expected
+        finally:
+            client.close()
+    assert counting.seen == 50
+    assert env_server(counting.app).lent_answers == 0  # such a connection is never lent
+
+
+@pytest.mark.parametrize("linger", ["0", "300"], ids=["not lent", "lent"])
+def test_a_step_that_timed_out_is_not_counted_on_the_session(monkeypatch, linger):
+    monkeypatch.setenv("OPENENV_WS_LINGER_MS", linger)
+    app = counter_app(step_timeout_s=0.3)
+    with serve(app) as server:
+        client = RawClient(server)
+        try:
+            for _ in range(3):
+                client.step()
+            client.send_text(json.dumps({"type": "step", "data": {"sleep_s": 0.6}}))
+            assert client.reply()["data"]["code"] == "TIMEOUT"
+            time.sleep(0.6)  # the step has returned in its worker by now
+            (session,) = env_server(app).manager.sessions().values()
+            assert session.step_count == 3
+        finally:
+            client.close()

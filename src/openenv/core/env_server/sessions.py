@@ -638,8 +638,8 @@ class SessionManager:
     async def call_lent(self, session: Session, lending: Lending) -> HandBack:
         """Step the session's (sync) environment in the pool with its connection lent to the
         worker (see :mod:`.ws_hot`), under the session's lock; the worker may answer any number
-        of steps before it hands the connection back, and counts them on the session itself
-        (nothing else touches the session while its lock is held).
+        of steps before it hands the connection back, and counts those it answers on the session
+        itself, only while this call holds the lock (it ends the lending before letting go).
 
         A step's exception is raised here, as :meth:`call` raises it. The step timeout applies to
         a step once the loop has recalled the connection from it, which the server does for any
@@ -678,6 +678,8 @@ class SessionManager:
                 raise
             session.inflight = None
             outcome = handback.outcome
+            if outcome is not None and outcome[0]:  # a step whose answer is the loop's to send
+                session.touch(True)
             if outcome is not None and not outcome[0]:
                 error = outcome[1]
                 if isinstance(error, pydantic.ValidationError):  # the environment's, not the client's input
@@ -685,6 +687,7 @@ class SessionManager:
                 raise error
             return handback
         finally:
+            lending.recall()  # before the lock goes: the worker leaves the session and socket alone
             lock.on_contended = None
             lock.release()
             session.touch()

@@ -130,17 +130,24 @@ class ConnectionWatch:
             late = loop.time() - WATCH_AFTER_S
             late_step = time.monotonic() - WATCH_AFTER_S
             for connection in list(self._connections):
-                lending = connection.lent
-                if lending is not None and not lending.ended:
-                    # A worker serves this connection: recall it from a step that runs long, so
-                    # that the watcher and the step timeout apply to that step as to any other.
-                    started = lending.step_started
-                    if started and started <= late_step and connection.recall():
-                        connection.start_watcher()
-                    continue
-                since = connection.busy_since
-                if since is not None and since <= late:
-                    connection.start_watcher()
+                try:
+                    self._check(connection, late, late_step)
+                except Exception:  # one connection's fault must not stop the watch of the others
+                    logger.exception("watching a connection failed")
+
+    @staticmethod
+    def _check(connection: WSConnection, late: float, late_step: float) -> None:
+        lending = connection.lent
+        if lending is not None and not lending.ended:
+            # A worker serves this connection: recall it from a step that runs long, so that the
+            # watcher and the step timeout apply to that step as to any other.
+            started = lending.step_started
+            if started and started <= late_step and connection.recall():
+                connection.start_watcher()
+            return
+        since = connection.busy_since
+        if since is not None and since <= late:
+            connection.start_watcher()
 
 
 class WSEndpoint:
@@ -335,6 +342,8 @@ class WSConnection:
         lendable_fd = getattr(protocol, "lendable_fd", None)
         if lendable_fd is None:  # another server's protocol, or an in-process test client
             return None
+        if getattr(self.receive, "__self__", None) is not protocol:  # a middleware sees each message
+            return None
         self._lend_fd = lendable_fd()
         self._lend_mcp = traits.mcp
         return protocol if self._lend_fd >= 0 else None
@@ -367,18 +376,22 @@ class WSConnection:
         except OSError:  # out of file descriptors, say: the loop serves the step as usual
             observation = await self.manager.step(self.session, action)  # type: ignore[arg-type]
             return observation_message_json(observation)
-        lending = ws_hot.Lending(
-            protocol,
-            fd,
-            action,
-            self.action_cls,
-            self.max_chars,
-            self._linger,
-            self._lend_mcp,
-            self.manager.pool,
-            self.server.connection_watch,
-            self,
-        )
+        try:
+            lending = ws_hot.Lending(
+                protocol,
+                fd,
+                action,
+                self.action_cls,
+                self.max_chars,
+                self._linger,
+                self._lend_mcp,
+                self.manager.pool,
+                self.server.connection_watch,
+                self,
+            )
+        except BaseException:
+            os.close(fd)
+            raise
         protocol.lend(lending)
         self.lent = lending
         handback: Optional[ws_hot.HandBack] = None

@@ -45,6 +45,7 @@ lending off.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import select
 import threading
@@ -60,6 +61,8 @@ LINGER_S = 0.002
 """How long a worker waits for a client's next step frame, and how soon after an answer a step
 frame must arrive for its connection to be lent."""
 
+logger = logging.getLogger("openenv.server")
+
 READ_SIZE = 64 * 1024
 """The most a worker reads at once: a step frame must arrive whole in one read to stay with it."""
 
@@ -68,10 +71,18 @@ MCP_ACTIONS = ("list_tools", "call_tool")
 """Action types that run on the event loop in an MCP environment, never in a lent worker."""
 
 
+MAX_LINGER_MS = 60_000
+
+
 def linger_from_env() -> float:
-    """:data:`LINGER_S`, or ``$OPENENV_WS_LINGER_MS`` when set (``0``: never lend)."""
+    """:data:`LINGER_S`, or ``$OPENENV_WS_LINGER_MS`` when set (``0``: never lend; at most
+    :data:`MAX_LINGER_MS`)."""
     value = number_from_env("OPENENV_WS_LINGER_MS", "milliseconds")
-    return LINGER_S if value is None else max(value, 0.0) / 1000.0
+    if value is None:
+        return LINGER_S
+    if not 0 <= value <= MAX_LINGER_MS:  # NaN and infinities included
+        raise ValueError(f"OPENENV_WS_LINGER_MS must be between 0 and {MAX_LINGER_MS} milliseconds, got {value}")
+    return value / 1000.0
 
 
 def supported() -> bool:
@@ -229,8 +240,6 @@ class Lending:
                     self._step_over()
                     return HandBack(steps, sent_at, outcome=(False, deliverable(exc)))
                 steps += 1
-                if session is not None:
-                    session.touch(True)  # the session's lock is held: nobody else touches it now
                 try:
                     frame = text_frame(observation_message_json(observation))
                 except Exception:  # the loop encodes it again and answers the failure as it does
@@ -242,22 +251,28 @@ class Lending:
                     self.step_started = 0.0
                     if self.ended:  # recalled during the step: the answer is the loop's to send
                         return HandBack(steps, sent_at, outcome=(True, observation))
-                    self.answered += 1  # counted first: the client may look as soon as it has the answer
+                    # Counted first: the client may look as soon as it has the answer. Not ended,
+                    # so the loop still waits for this call and holds the session's lock.
+                    self.answered += 1
+                    if session is not None:
+                        session.touch(True)
                     try:
                         written = os.write(self._fd, frame)
                     except OSError:  # full, or the peer is gone: the loop's transport finds out
                         written = 0
                     if written < len(frame):
                         self._unsent = frame[written:]  # under the lock: a recall sees it
-                        if not written:
+                        if not written:  # the loop writes it all
                             self.answered -= 1
                 if written:
                     sent_at = time.monotonic()
                 if written < len(frame):
                     return HandBack(steps, sent_at)
-                if self.yield_asked or self._watch.last_active is not self._owner:  # others keep the loop awake
+                try:
+                    data = self._next_frame()
+                except Exception:  # a fault of ours: the answer is out, so hand back and say so
+                    logger.exception("a worker serving a lent connection failed; the loop serves it again")
                     return HandBack(steps, sent_at)
-                data = self._next_read(pool)
                 if not data:  # nothing came, or EOF (which stays readable: the loop's read meets it)
                     return HandBack(steps, sent_at)
                 action = self._step_action(data)
@@ -275,14 +290,17 @@ class Lending:
                     os.close(self._fd)
                     self._fd = -1
 
-    def _next_read(self, pool: WorkerPool) -> bytes:
-        """Wait up to the linger time for the client's next bytes and read them (b"": none)."""
+    def _next_frame(self) -> bytes:
+        """Wait up to the linger time for the client's next bytes and read them (b"": none, or
+        the worker should give the connection back)."""
+        if self.yield_asked or self._watch.last_active is not self._owner:  # others keep the loop awake
+            return b""
         with self._lock:
             if self.ended:
                 return b""
             fd = self._fd
         # The descriptor may be closed by a recall while this waits; the read below sees that.
-        if not pool.linger(fd, self.linger_ms):
+        if not self._pool.linger(fd, self.linger_ms):
             return b""
         with self._lock:
             if self.ended:
