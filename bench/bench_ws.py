@@ -2,13 +2,14 @@
 
 Each case runs our server (uvicorn + OpenEnv, in its own process) and the floor (a bare
 ``websockets`` server doing the same JSON round trip, same event loop) in the same run, with the
-same client, and reports both and their ratio. Each repeat measures the two back to back, in
-alternating order, and a ratio is the median of the repeats' own ratios, so that a shared
-machine's drift between repeats cancels out. Server CPU is read from /proc for the server's
+same client, and reports both and their ratio. The client opens K connections to each server
+(reset and warmed up) and keeps them open while it measures the two in turns, back to back, in
+alternating order; a ratio is the median of the turns' own ratios (all of them are kept in the
+JSON), so that a shared machine's drift between turns cancels out. Server CPU is read from /proc for the server's
 process only, so the client's own cost does not count. "lent" is the share of our answers that a
 worker wrote on a lent connection (openenv.core.env_server.ws_hot) rather than the event loop.
 
-    python bench/bench_ws.py [--seconds 2.5] [--repeats 3] [--ks 1,32,512] [--cases sync,async,echo]
+    python bench/bench_ws.py [--seconds 2] [--repeats 7] [--ks 1,32,512] [--cases sync,async,echo]
 """
 
 from __future__ import annotations
@@ -98,26 +99,42 @@ class Server:
             self.process.kill()
 
 
-async def measure(
-    server: Server, frame: Dict[str, Any], k: int, seconds: float, warmup_steps: int = 20
-) -> Dict[str, float]:
-    from websockets.asyncio.client import connect
+class Clients:
+    """``k`` open WebSocket connections to one server, each reset and warmed up, kept open across
+    the measurement slices of a pairing (so a slice measures steps, not connection set-up)."""
 
-    text = json.dumps(frame, separators=(",", ":"))
-    sockets = []
-    for _ in range(k):
-        sockets.append(await connect(server.url, compression=None, max_size=2**28, open_timeout=30, ping_interval=None))
-    try:
-        for ws in sockets:
+    def __init__(self, server: Server, frame: Dict[str, Any], k: int) -> None:
+        self.server = server
+        self.k = k
+        self.text = json.dumps(frame, separators=(",", ":"))
+        self.sockets: List[Any] = []
+
+    async def open(self, warmup_steps: int = 20) -> None:
+        from websockets.asyncio.client import connect
+
+        for _ in range(self.k):
+            self.sockets.append(
+                await connect(self.server.url, compression=None, max_size=2**28, open_timeout=30, ping_interval=None)
+            )
+        for ws in self.sockets:
             await ws.send('{"type":"reset","data":{}}')
             await ws.recv()
+        text = self.text
 
         async def warm(ws: Any) -> None:
             for _ in range(warmup_steps):
                 await ws.send(text)
                 await ws.recv()
 
-        await asyncio.gather(*(warm(ws) for ws in sockets))
+        await asyncio.gather(*(warm(ws) for ws in self.sockets))
+
+    async def close(self) -> None:
+        await asyncio.gather(*(ws.close() for ws in self.sockets), return_exceptions=True)
+        self.sockets = []
+
+    async def measure(self, seconds: float) -> Dict[str, float]:
+        """Every connection steps back to back for ``seconds``."""
+        server, text = self.server, self.text
         latencies: List[float] = []
         stop_at = 0.0
 
@@ -137,22 +154,40 @@ async def measure(
         cpu_before = cpu_seconds(server.process.pid)
         began = time.perf_counter()
         stop_at = began + seconds
-        await asyncio.gather(*(drive(ws) for ws in sockets))
+        await asyncio.gather(*(drive(ws) for ws in self.sockets))
         elapsed = time.perf_counter() - began
         cpu = cpu_seconds(server.process.pid) - cpu_before
         lent = server.lent_answers() - lent_before
+        latencies.sort()
+        steps = len(latencies)
+        return {
+            "steps_per_s": steps / elapsed,
+            "p50_ms": 1000 * latencies[steps // 2],
+            "p99_ms": 1000 * latencies[min(steps - 1, int(steps * 0.99))],
+            "cpu_us_per_step": 1e6 * cpu / steps,
+            "steps": steps,
+            "lent_share": lent / steps,
+        }
+
+
+async def pairing(
+    floor: Server, ours: Server, frame: Dict[str, Any], k: int, seconds: float, repeats: int
+) -> Dict[str, List[Dict[str, float]]]:
+    """``repeats`` measurements of each server, back to back in alternating order, with both
+    servers' connections open throughout (a slice drives one server's; the other's stay idle)."""
+    pair = {"floor": Clients(floor, frame, k), "ours": Clients(ours, frame, k)}
+    runs: Dict[str, List[Dict[str, float]]] = {"floor": [], "ours": []}
+    try:
+        for clients in pair.values():
+            await clients.open()
+        order = ("floor", "ours")
+        for repeat in range(repeats):
+            for which in order if repeat % 2 == 0 else order[::-1]:
+                runs[which].append(await pair[which].measure(seconds))
     finally:
-        await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
-    latencies.sort()
-    steps = len(latencies)
-    return {
-        "steps_per_s": steps / elapsed,
-        "p50_ms": 1000 * latencies[steps // 2],
-        "p99_ms": 1000 * latencies[min(steps - 1, int(steps * 0.99))],
-        "cpu_us_per_step": 1e6 * cpu / steps,
-        "steps": steps,
-        "lent_share": lent / steps,
-    }
+        for clients in pair.values():
+            await clients.close()
+    return runs
 
 
 def median_of(runs: List[Dict[str, float]]) -> Dict[str, float]:
@@ -162,7 +197,7 @@ def median_of(runs: List[Dict[str, float]]) -> Dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=2.0)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--ks", default="1,32,512")
     parser.add_argument("--cases", default="sync,async,echo")
     args = parser.parse_args()
@@ -179,16 +214,14 @@ def main() -> int:
         ours, floor = Server(ours_name), Server(floor_name)
         try:
             for k in ks:
-                runs: Dict[str, List[Dict[str, float]]] = {"floor": [], "ours": []}
-                for repeat in range(args.repeats):
-                    # Each repeat measures both, back to back, in alternating order: the ratios are
-                    # taken pair by pair, so that a shared machine's drift cancels out.
-                    pair = (("floor", floor), ("ours", ours))
-                    for which, server in pair if repeat % 2 == 0 else pair[::-1]:
-                        runs[which].append(asyncio.run(measure(server, frame, k, args.seconds)))
+                # Each repeat measures both, back to back, in alternating order: the ratios are
+                # taken pair by pair, so that a shared machine's drift cancels out.
+                runs = asyncio.run(pairing(floor, ours, frame, k, args.seconds, args.repeats))
                 row = {"case": label, "k": k, "floor": median_of(runs["floor"]), "ours": median_of(runs["ours"])}
                 for key, metric in (("throughput_ratio", "steps_per_s"), ("cpu_ratio", "cpu_us_per_step")):
-                    ratios = sorted(o[metric] / f[metric] for f, o in zip(runs["floor"], runs["ours"], strict=True))
+                    ratios = [o[metric] / f[metric] for f, o in zip(runs["floor"], runs["ours"], strict=True)]
+                    row[key + "_pairs"] = [round(r, 3) for r in ratios]
+                    ratios.sort()
                     row[key] = statistics.median(ratios)
                     row[key + "_range"] = [ratios[0], ratios[-1]]
                 rows.append(row)

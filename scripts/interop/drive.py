@@ -768,9 +768,7 @@ def mcp_reset_check(report: Report, tag: str, kind: str, result: Any) -> None:
     else:
         # Our echo_env greets in observation.echoed_message; upstream's in metadata["message"].
         greeting = field(result.observation, "echoed_message") or metadata_of(result).get("message")
-        report.expect(
-            f"{tag} reset greeting", isinstance(greeting, str) and bool(greeting), _short(result.observation)
-        )
+        report.expect(f"{tag} reset greeting", isinstance(greeting, str) and bool(greeting), _short(result.observation))
 
 
 def mcp_step_check(report: Report, tag: str, result: Any, name: str, expected: Any) -> None:
