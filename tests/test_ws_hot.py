@@ -203,6 +203,27 @@ def _unix_connect(url: str, path: str) -> Any:
     return unix_connect(path, url, compression=None)
 
 
+async def test_an_mcp_environments_tool_calls_are_never_lent():
+    # MCP actions of an MCP environment run on the event loop (its tools are async), however
+    # closely the client steps: the worker must never take them.
+    from echo_env.server.echo_environment import EchoEnvironment
+
+    from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
+
+    app = create_app(EchoEnvironment, CallToolAction, CallToolObservation, env_name="echo_env")
+    with serve(app) as server:
+        async with connect(ws_url(server), compression=None) as ws:
+            await ws.send(json.dumps({"type": "reset", "data": {}}))
+            assert json.loads(await ws.recv())["type"] == "observation"
+            for number in range(30):
+                call = {"type": "call_tool", "tool_name": "echo_message", "arguments": {"message": f"m{number}"}}
+                await ws.send(json.dumps({"type": "step", "data": call}))
+                reply = json.loads(await ws.recv())
+                assert reply["type"] == "observation", reply
+                assert reply["data"]["observation"]["result"]["data"] == f"m{number}"
+    assert env_server(app).lent_answers == 0
+
+
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 async def test_lending_works_on_either_event_loop(loop):
     app = counter_app()

@@ -19,6 +19,10 @@ _REWARD_DONE = {"reward", "done"}
 
 MAX_JSON_DEPTH = 100
 """Deepest nesting of objects and arrays accepted in a message."""
+
+WS_ENVELOPE_KEYS = frozenset({"type", "data"})
+"""The keys a ``/ws`` message with data may have: ``{"type": ..., "data": {...}}``."""
+
 _MCP_ACTION_CLASSES = {"list_tools": ListToolsAction, "call_tool": CallToolAction}
 _MCP_INTERCEPTING = (Action, ListToolsAction, CallToolAction)
 

@@ -63,7 +63,8 @@ TEMPORARY_WAIT_S = 30.0
 """How long a stateless HTTP call waits for one of the ``max_sessions`` slots for such calls
 when the server has no step timeout (with one, it waits up to that)."""
 
-_MCP_ACTIONS = ("list_tools", "call_tool")
+MCP_ACTIONS = ("list_tools", "call_tool")
+"""Action types an MCP environment answers on the event loop, whatever its other steps do."""
 _STEP_POSITIONAL = frozenset({"self", "action"})
 
 
@@ -250,6 +251,12 @@ class EnvTraits:
                 return kwargs
             return {k: v for k, v in kwargs.items() if k not in positional}
         return {k: v for k, v in kwargs.items() if k in accepted}
+
+
+def steps_on_loop(traits: EnvTraits, action: Any) -> bool:
+    """Whether a step with ``action`` runs on the event loop (an async ``step_async``, or an MCP
+    action of an MCP environment) rather than in the worker pool."""
+    return traits.async_step or (traits.mcp and getattr(action, "type", None) in MCP_ACTIONS)
 
 
 @functools.cache
@@ -752,10 +759,10 @@ class SessionManager:
         assert traits is not None
         if kwargs:
             kwargs = traits.filter(kwargs, traits.step_kwargs, _STEP_POSITIONAL)
-            if traits.async_step or (traits.mcp and getattr(action, "type", None) in _MCP_ACTIONS):
+            if steps_on_loop(traits, action):
                 return self.call(session, "step", None, lambda env: env.step_async(action, **kwargs), step=True)
             return self.call(session, "step", lambda env: env.step(action, **kwargs), step=True)
-        if traits.async_step or (traits.mcp and getattr(action, "type", None) in _MCP_ACTIONS):
+        if steps_on_loop(traits, action):
             return self.call(session, "step", None, lambda env: env.step_async(action), step=True)
         return self.call(session, "step", lambda env: env.step(action), step=True)
 

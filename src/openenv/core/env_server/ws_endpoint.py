@@ -33,13 +33,14 @@ from .exceptions import (
 from .mcp_types import JsonRpcErrorCode, JsonRpcRequest, JsonRpcResponse, WSMCPMessage, request_id_of
 from .serialization import (
     MAX_JSON_DEPTH,
+    WS_ENVELOPE_KEYS,
     deserialize_action,
     dumps_json,
     observation_message_json,
     parse_json,
     to_json_bytes,
 )
-from .sessions import Session, SessionClosedError, SessionKind
+from .sessions import Session, SessionClosedError, SessionKind, steps_on_loop
 from .types import ResetRequest, WSErrorCode, WSResetMessage, WSStateMessage, WSStepMessage
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -58,7 +59,6 @@ rather than ``PIPELINE_DEPTH`` frames of that size)."""
 WATCH_AFTER_S = 0.05
 """A step running longer than this gets a watcher that notices the client leaving."""
 
-_ENVELOPE_KEYS = frozenset({"type", "data"})
 _BARE_KEYS = frozenset({"type"})
 _RESET_CHECKED = ("seed", "episode_id")
 
@@ -280,7 +280,6 @@ class WSConnection:
         self._lender: Any = None  # the protocol, when this connection may be lent (see ws_hot)
         self._lend_fd = -1
         self._linger = server.ws_linger_s
-        self._lend_mcp = False
         self._replied_at = 0.0  # time.monotonic() when the last answer went out
         self._follows_own = False  # the loop's previous message was this connection's too
         self._disconnected = False
@@ -345,7 +344,6 @@ class WSConnection:
         if getattr(self.receive, "__self__", None) is not protocol:  # a middleware sees each message
             return None
         self._lend_fd = lendable_fd()
-        self._lend_mcp = traits.mcp
         return protocol if self._lend_fd >= 0 else None
 
     def _lendable(self, action: Any) -> bool:
@@ -365,7 +363,7 @@ class WSConnection:
             and (session.inflight is None or session.inflight.done)
             and not self._backlog
             and self._watcher is None
-            and not (self._lend_mcp and getattr(action, "type", None) in ws_hot.MCP_ACTIONS)
+            and not steps_on_loop(session.traits, action)  # type: ignore[arg-type]
             and self._lender.can_lend()
         )
 
@@ -384,7 +382,7 @@ class WSConnection:
                 self.action_cls,
                 self.max_chars,
                 self._linger,
-                self._lend_mcp,
+                self.session.traits,  # type: ignore[union-attr]
                 self.manager.pool,
                 self.server.connection_watch,
                 self,
@@ -569,7 +567,7 @@ class WSConnection:
         try:
             if kind == "step":  # the hot path, kept inline
                 data = message.get("data")
-                if message.keys() != _ENVELOPE_KEYS or not isinstance(data, dict):
+                if message.keys() != WS_ENVELOPE_KEYS or not isinstance(data, dict):
                     return _envelope_error(WSStepMessage, message)
                 action = deserialize_action(data, self.action_cls)
                 if self._lender is not None and self._lendable(action):
@@ -604,7 +602,7 @@ class WSConnection:
 
     async def _reset(self, message: Dict[str, Any]) -> str:
         data = message.get("data", {})
-        if not message.keys() <= _ENVELOPE_KEYS or not isinstance(data, dict):
+        if not message.keys() <= WS_ENVELOPE_KEYS or not isinstance(data, dict):
             return _envelope_error(WSResetMessage, message)
         if any(key in data for key in _RESET_CHECKED):
             ResetRequest.model_validate(data)  # same bounds on seed / episode_id as HTTP /reset
@@ -620,7 +618,7 @@ class WSConnection:
         return '{"type":"state","data":' + to_json_bytes(state).decode() + "}"
 
     async def _mcp(self, message: Dict[str, Any]) -> str:
-        if not message.keys() <= _ENVELOPE_KEYS or not isinstance(message.get("data"), dict):
+        if not message.keys() <= WS_ENVELOPE_KEYS or not isinstance(message.get("data"), dict):
             return _envelope_error(WSMCPMessage, message)
         data = message["data"]
         try:

@@ -53,7 +53,8 @@ import time
 from typing import Any, Optional, Tuple
 
 from ..utils import number_from_env
-from .serialization import deserialize_action, observation_message_json, parse_json
+from .serialization import WS_ENVELOPE_KEYS, deserialize_action, observation_message_json, parse_json
+from .sessions import EnvTraits, steps_on_loop
 from .workers import Waker, WorkerPool, deliverable
 from .ws_frames import client_text, text_frame
 
@@ -65,11 +66,6 @@ logger = logging.getLogger("openenv.server")
 
 READ_SIZE = 64 * 1024
 """The most a worker reads at once: a step frame must arrive whole in one read to stay with it."""
-
-_ENVELOPE_KEYS = frozenset({"type", "data"})
-MCP_ACTIONS = ("list_tools", "call_tool")
-"""Action types that run on the event loop in an MCP environment, never in a lent worker."""
-
 
 MAX_LINGER_MS = 60_000
 
@@ -93,13 +89,9 @@ def supported() -> bool:
 class HandBack:
     """What a worker hands back with a lent connection."""
 
-    __slots__ = ("outcome", "raw", "sent_at", "steps")
+    __slots__ = ("outcome", "raw", "sent_at")
 
-    def __init__(
-        self, steps: int, sent_at: float, outcome: Optional[Tuple[bool, Any]] = None, raw: bytes = b""
-    ) -> None:
-        self.steps = steps
-        """Steps that returned an observation (answered by the worker, or in ``outcome``)."""
+    def __init__(self, sent_at: float, outcome: Optional[Tuple[bool, Any]] = None, raw: bytes = b"") -> None:
         self.sent_at = sent_at
         """``time.monotonic()`` when the worker last wrote an answer (0.0: it wrote none)."""
         self.outcome = outcome
@@ -133,12 +125,12 @@ class Lending:
         "linger_ms",
         "max_bytes",
         "max_chars",
-        "mcp",
         "protocol",
         "reading",
         "session",
         "step_started",
         "taken_back",
+        "traits",
         "waker",
         "yield_asked",
     )
@@ -151,7 +143,7 @@ class Lending:
         action_cls: type,
         max_chars: int,
         linger_s: float,
-        mcp: bool,
+        traits: EnvTraits,
         pool: WorkerPool,
         watch: Any,
         owner: Any,
@@ -173,7 +165,7 @@ class Lending:
         """uvicorn's own limit on a message's bytes (``ws_max_size``), which websockets' parser
         applies to every frame the loop reads."""
         self.linger_ms = max(1, round(linger_s * 1000))
-        self.mcp = mcp
+        self.traits = traits
         self.ended = False
         self.in_step = True  # the first step is under way as soon as the call is in the pool
         self.step_started = 0.0
@@ -230,7 +222,6 @@ class Lending:
         pool = self._pool
         waker = self.waker = pool.thread_waker()
         session = self.session
-        steps = 0
         sent_at = 0.0
         try:
             while True:
@@ -238,19 +229,18 @@ class Lending:
                     observation = env.step(action)
                 except BaseException as exc:  # the loop answers it as for any step
                     self._step_over()
-                    return HandBack(steps, sent_at, outcome=(False, deliverable(exc)))
-                steps += 1
+                    return HandBack(sent_at, outcome=(False, deliverable(exc)))
                 try:
                     frame = text_frame(observation_message_json(observation))
                 except Exception:  # the loop encodes it again and answers the failure as it does
                     self._step_over()
-                    return HandBack(steps, sent_at, outcome=(True, observation))
+                    return HandBack(sent_at, outcome=(True, observation))
                 waker.reset()  # wake-ups from here on are for this wait
                 with lock:
                     self.in_step = False
                     self.step_started = 0.0
                     if self.ended:  # recalled during the step: the answer is the loop's to send
-                        return HandBack(steps, sent_at, outcome=(True, observation))
+                        return HandBack(sent_at, outcome=(True, observation))
                     # Counted first: the client may look as soon as it has the answer. Not ended,
                     # so the loop still waits for this call and holds the session's lock.
                     self.answered += 1
@@ -267,20 +257,20 @@ class Lending:
                 if written:
                     sent_at = time.monotonic()
                 if written < len(frame):
-                    return HandBack(steps, sent_at)
+                    return HandBack(sent_at)
                 try:
                     data = self._next_frame()
                 except Exception:  # a fault of ours: the answer is out, so hand back and say so
                     logger.exception("a worker serving a lent connection failed; the loop serves it again")
-                    return HandBack(steps, sent_at)
+                    return HandBack(sent_at)
                 if not data:  # nothing came, or EOF (which stays readable: the loop's read meets it)
-                    return HandBack(steps, sent_at)
+                    return HandBack(sent_at)
                 action = self._step_action(data)
                 if action is None:
-                    return HandBack(steps, sent_at, raw=data)
+                    return HandBack(sent_at, raw=data)
                 with lock:
                     if self.ended:
-                        return HandBack(steps, sent_at, raw=data)
+                        return HandBack(sent_at, raw=data)
                     self.in_step = True
                     self.step_started = time.monotonic()
         finally:
@@ -322,7 +312,7 @@ class Lending:
             return None
         try:
             message = parse_json(text)
-            if type(message) is not dict or message.keys() != _ENVELOPE_KEYS or message["type"] != "step":
+            if type(message) is not dict or message.keys() != WS_ENVELOPE_KEYS or message["type"] != "step":
                 return None
             payload = message["data"]
             if type(payload) is not dict:
@@ -330,6 +320,6 @@ class Lending:
             action = deserialize_action(payload, self.action_cls)
         except Exception:  # invalid JSON or action: the loop reads it again and answers the error
             return None
-        if self.mcp and getattr(action, "type", None) in MCP_ACTIONS:  # MCP actions run on the loop
+        if steps_on_loop(self.traits, action):  # an MCP environment's MCP action
             return None
         return action

@@ -127,8 +127,8 @@ class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
     def lendable_fd(self) -> int:
         """The socket's file descriptor when this connection can ever be lent (plain TCP or a
         Unix socket, no WebSocket extension such as compression), else -1."""
-        transport, conn = self.transport, self.conn
-        if transport is None or self.scheme != "ws" or conn.extensions or transport.get_extra_info("sslcontext"):
+        transport = self.transport
+        if transport is None or self.scheme != "ws" or transport.get_extra_info("sslcontext"):
             return -1
         if not self._is_plain():  # an extension, or a websockets whose parser we cannot read
             return -1
