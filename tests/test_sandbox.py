@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -160,14 +161,21 @@ def _our_host_dirs() -> set:
 def test_a_hundred_start_stop_cycles_leave_nothing_behind():
     shutdown_sandboxes()
     assert _our_host_dirs() == set()
+    first = SandboxProvider(str(ECHO))  # boots the warden, which stays
+    first.start()
+    first.wait_for_ready(30)
+    first.stop()
+    fds, threads = len(os.listdir("/proc/self/fd")), threading.active_count()
     for _ in range(100):
         provider = SandboxProvider(str(ECHO))
         provider.start()
         provider.wait_for_ready(30)
         provider.stop()
     zygote_dirs = _our_host_dirs()
-    assert len(zygote_dirs) == 1  # only the zygote's, with no server directory left in it
-    assert sorted(p.name for p in next(iter(zygote_dirs)).iterdir()) == ["control.sock", "owner", "zygote.log"]
+    assert len(zygote_dirs) == 1  # only the warden's, with no server directory left in it
+    assert sorted(p.name for p in next(iter(zygote_dirs)).iterdir()) == ["owner", "zygote.log"]
+    assert len(os.listdir("/proc/self/fd")) <= fds  # no socket, pipe or log left open here
+    assert threading.active_count() <= threads  # every log copier has finished
     shutdown_sandboxes()
     assert _our_host_dirs() == set()
     # Servers of this checkout's echo env (other test runs on the machine may be serving theirs).

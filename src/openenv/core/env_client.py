@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Generic, List, Optional, 
 
 from .client_errors import EnvClientError, SessionLostError, error_from_frame, refused_credentials
 from .client_types import StepResult
-from .utils import Endpoint, parse_endpoint, timeout_after, within
+from .utils import Endpoint, check_unix_socket, parse_endpoint, timeout_after, within
 
 if TYPE_CHECKING:  # pragma: no cover
     from .sync_client import LoopThread, SyncEnvClient
@@ -389,6 +389,7 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
 
         try:
             if endpoint.uds:
+                check_unix_socket(endpoint.uds)
                 ws = await unix_connect(endpoint.uds, uri=url, **options)
             else:
                 if endpoint.is_loopback:

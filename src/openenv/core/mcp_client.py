@@ -28,7 +28,7 @@ from .env_server.mcp_types import (
     ToolError,
 )
 from .env_server.types import Observation, State
-from .utils import Endpoint
+from .utils import Endpoint, check_unix_socket
 
 _CLOSE_RPC_TIMEOUT_S = 5.0
 """Seconds a session-close request may take (the server answers at once; a hung one is let go)."""
@@ -116,6 +116,8 @@ class MCPClientBase(EnvClient[Any, Observation, State]):
         if self._http is None:
             import httpx
 
+            if endpoint.uds:
+                check_unix_socket(endpoint.uds)
             transport = httpx.AsyncHTTPTransport(uds=endpoint.uds) if endpoint.uds else None
             self._http = httpx.AsyncClient(
                 base_url=endpoint.http_url,

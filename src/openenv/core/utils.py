@@ -7,6 +7,7 @@ import contextlib
 import ipaddress
 import os
 import re
+import stat
 import sys
 import threading
 from dataclasses import dataclass
@@ -85,6 +86,30 @@ def number_from_env(name: str, unit: str) -> Optional[float]:
         return float(raw)
     except ValueError:
         raise ValueError(f"{name} must be a number of {unit}, got {raw!r}") from None
+
+
+def check_unix_socket(path: str) -> None:
+    """Refuse to connect to ``path`` unless it is a Unix socket that this user (or root) made.
+
+    A sandboxed server cannot reach the directory of the socket SandboxProvider made, but a
+    ``unix://`` URL may come from anywhere: a link, a file or another user's socket at that path
+    would get the client's handshake (its headers, an access token included). Raises
+    :class:`ConnectionError` naming what is there instead; a missing path is left to ``connect``.
+    """
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise ConnectionError(f"cannot inspect the server's socket {path}: {exc}") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise ConnectionError(f"{path} is a symbolic link, not a server's socket: refusing to follow it")
+    if not stat.S_ISSOCK(info.st_mode):
+        raise ConnectionError(f"{path} is not a Unix socket: refusing to connect")
+    if info.st_uid not in (os.geteuid(), 0):
+        raise ConnectionError(
+            f"the socket {path} belongs to uid {info.st_uid}, neither you nor root: refusing to send it the handshake"
+        )
 
 
 def parse_endpoint(base_url: str) -> Endpoint:

@@ -210,12 +210,12 @@ class _Serve:
             self._log_path, self._log_offset = path, 0
         if path is None:
             return
-        try:
-            with open(path, "rb") as f:
-                f.seek(self._log_offset)
-                chunk = f.read()
-        except OSError:
-            return
+        from openenv.core.containers.runtime.sandbox import read_log
+
+        chunk, size = read_log(path, self._log_offset)
+        if size < self._log_offset:
+            self._log_offset = 0  # the log reached its bound and started over
+            chunk, size = read_log(path, 0)
         complete = chunk.rfind(b"\n") + 1  # whole lines only
         if complete:
             self._log_offset += complete

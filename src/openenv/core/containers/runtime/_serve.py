@@ -1,15 +1,24 @@
-"""The program that runs inside a sandbox: serve one environment app, or be its zygote.
+"""The program that runs inside a sandbox: serve one environment app, or be a package's warden.
 
-Configuration arrives as JSON in ``$OPENENV_SANDBOX_CONFIG`` (never on the command line).
+Configuration arrives as JSON in ``$OPENENV_SANDBOX_CONFIG`` (never on the command line). Every
+descriptor a server needs is made by the host and inherited: the listening socket (the host binds
+it in a directory no sandbox can reach), the log (a pipe the host reads), a readiness pipe (the
+server writes ``R`` to it once it accepts connections) and, for forked servers, a pipe carrying
+the server's environment variables.
 
-``single`` mode applies the limits and serves the app on a Unix socket (or TCP port).
+``single`` mode isolates itself further where it runs as root (its own pid namespace and
+``/proc``, its own uid), applies the limits, joins a fresh session keyring, installs the seccomp
+filter, and only then imports the environment package and serves it.
 
-``zygote`` mode imports the app once, warms it up (one environment instance is built and
-closed, so lazy imports happen here), and then serves requests on a control socket: each
-``spawn`` forks a server that is fully set up within milliseconds. The forked server gets namespaces
-of its own (mount, pid, ipc, uts, and network unless allowed), a fresh ``/tmp`` and ``/proc``, its
-own socket directory (the others, and the control socket, are hidden from it), its cgroup, rlimits,
-a uid of its own, and no descriptor of the zygote's. A ``stop`` ends it (SIGTERM, then SIGKILL).
+``warden`` mode is the privileged helper behind warm starts: it runs as root inside the sandbox,
+imports the *framework* (openenv's server, FastAPI, pydantic, uvicorn, FastMCP: never the package)
+and answers the host's requests on an inherited control socket. Each ``spawn`` forks a child that
+makes namespaces of its own (mount, pid, ipc, uts, and network unless allowed), a fresh ``/tmp``,
+its cgroup, and a server as pid 1 of them, which drops to a uid of its own, loses every
+capability, gets its limits, keyring and seccomp filter, and only then imports and warms the
+package. No package code ever runs in the warden or with privileges, and each server starts from
+the warden's state, which holds nothing of any other server: the warden never reads a server's
+environment, log or traffic.
 """
 
 from __future__ import annotations
@@ -20,19 +29,37 @@ import importlib
 import json
 import os
 import select
-import shutil
 import signal
 import socket
 import sys
+import threading
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from . import _linux
 from .isolation import Limits
 
-SERVER_DIR = "/run/openenv"  # each server's socket directory, inside its sandbox
-SOCKET_NAME = "env.sock"
-LOG_NAME = "server.log"
+# Framework modules the warden imports once, so that forked servers only import the package.
+PRELOAD = (
+    "openenv.core.env_server.http_server",
+    "openenv.core.env_server.mcp_environment",
+    "openenv.core.env_server.runner",
+    "openenv.core.containers.runtime.seccomp",
+    "pyseccomp",
+    "fastmcp",
+    "fastmcp.server.context",
+    "fastmcp.server.elicitation",
+    "fastmcp.server.middleware.dereference",
+    "fastmcp.server.sessions",
+    "griffe",
+    "pydantic.v1",
+    "uvicorn.protocols.http.httptools_impl",
+    "uvicorn.protocols.http.h11_impl",
+    "uvicorn.protocols.websockets.websockets_sansio_impl",
+    "uvicorn.lifespan.on",
+    "uvicorn.loops.uvloop",
+)
+MAX_CONFIG_BYTES = 4 * 1024 * 1024  # a forked server's environment variables
 
 
 def _import_app(app_path: str, project_dir: Optional[str]) -> Any:
@@ -47,7 +74,7 @@ def _import_app(app_path: str, project_dir: Optional[str]) -> Any:
 
 
 def _warm_up(app: Any) -> None:
-    """Build and close one environment so that its lazy imports happen before forking."""
+    """Build and close one environment, so that its lazy imports happen before the first reset."""
     server = getattr(getattr(app, "state", None), "openenv_server", None)
     factory = getattr(getattr(server, "manager", None), "_factory", None)
     if factory is None:
@@ -61,13 +88,43 @@ def _warm_up(app: Any) -> None:
         print(f"openenv sandbox: warm-up of the environment failed: {exc}", file=sys.stderr, flush=True)
 
 
-def _serve(app: Any, uds: Optional[str], port: Optional[int], log_level: str, host: str = "127.0.0.1") -> None:
-    from openenv.core.env_server.runner import run_server
+def _harden(profile: Optional[str]) -> None:
+    """What every sandboxed server does once it runs unprivileged, before any package code."""
+    from . import seccomp
 
-    if uds:
-        run_server(app, uds=uds, log_level=log_level)
+    _linux.no_new_privileges()
+    if profile is None:
+        return
+    seccomp.join_fresh_session_keyring()
+    seccomp.load(profile)
+
+
+def _serve(app: Any, config: Dict[str, Any], ready_fd: Optional[int]) -> None:
+    """Serve ``app`` on the inherited listening socket (or a TCP port); signal readiness on ``ready_fd``."""
+    import uvicorn
+
+    from openenv.core.env_server.runner import uvicorn_config
+
+    log_level = config.get("log_level", "warning")
+    if config.get("listen_fd") is not None:
+        options: Dict[str, Any] = {"fd": int(config["listen_fd"])}
     else:
-        run_server(app, host=host, port=int(port or 8000), log_level=log_level)
+        options = {"host": config.get("host", "127.0.0.1"), "port": int(config.get("port") or 8000)}
+    server = uvicorn.Server(uvicorn_config(app, log_level=log_level, **options))
+    if ready_fd is not None:
+
+        def signal_ready() -> None:
+            # uvicorn sets ``started`` once it accepts connections; the host waits on this pipe.
+            while not server.started and not server.should_exit:
+                time.sleep(0.002)
+            try:
+                if server.started:
+                    os.write(ready_fd, b"R")
+            finally:
+                os.close(ready_fd)
+
+        threading.Thread(target=signal_ready, name="openenv-ready", daemon=True).start()
+    server.run()
 
 
 def single(config: Dict[str, Any]) -> None:
@@ -82,11 +139,10 @@ def single(config: Dict[str, Any]) -> None:
     if config.get("drop_to"):
         uid, gid = config["drop_to"]
         _linux.drop_privileges(uid, gid)
-        _linux.no_new_privileges()
+    if config.get("seccomp") is not None or config.get("drop_to"):
+        _harden(config.get("seccomp"))
     app = _import_app(config["app"], config.get("project_dir"))
-    _serve(
-        app, config.get("uds"), config.get("port"), config.get("log_level", "warning"), config.get("host", "127.0.0.1")
-    )
+    _serve(app, config, config.get("ready_fd"))
 
 
 def _own_pid_namespace() -> None:
@@ -94,7 +150,7 @@ def _own_pid_namespace() -> None:
 
     bubblewrap's ``/proc`` has read-only mounts over parts of it, and the kernel refuses a sandbox
     nested in ours (``openenv.core.tools`` running an agent's code) a ``/proc`` of its own while
-    every ``/proc`` it could see is partly covered. Servers forked by the zygote get a fresh one the
+    every ``/proc`` it could see is partly covered. Servers forked by the warden get a fresh one the
     same way. As pid 1, the server also inherits (and reaps) what its code sandboxes leave behind.
     """
     _linux.unshare(_linux.CLONE_NEWNS | _linux.CLONE_NEWPID)
@@ -118,84 +174,85 @@ def _exit_code(pid: int) -> int:
     return os.waitstatus_to_exitcode(status) & 0xFF
 
 
-# --- zygote --------------------------------------------------------------------------------------
+# --- the warden ------------------------------------------------------------------------------------
 
 
-class Zygote:
-    def __init__(self, config: Dict[str, Any]) -> None:
-        self.config = config
-        self.root = config["root"]  # the shared socket root inside the zygote's sandbox
+class Warden:
+    """The privileged helper of warm starts: forks isolated servers; runs no package code."""
+
+    def __init__(self, config: Dict[str, Any], control: socket.socket) -> None:
+        self.control = control
+        self.app_path = config["app"]
+        self.project_dir = config.get("project_dir")
         self.network = bool(config.get("network"))
+        self.profile = config.get("seccomp", "strict")
         self.cgroups = [p for p in config.get("cgroups", []) if os.path.isdir(p)]
         self.tmp_views = [p for p in config.get("tmp_views", []) if os.path.isdir(p)]
         self.log_level = config.get("log_level", "warning")
         self.children: Dict[str, int] = {}
         self.exited: Dict[str, int] = {}
-        self.last_words: Dict[str, str] = {}  # the log tail of servers that exited on their own
-        self.app = _import_app(config["app"], config.get("project_dir"))
-        _warm_up(self.app)
-        import threading
-
-        if threading.active_count() > 1:  # forking copies one thread: the others' locks could stay held
-            names = ", ".join(t.name for t in threading.enumerate())
-            print(
-                f"openenv sandbox: the app started threads at import ({names}); forked servers lose them",
-                file=sys.stderr,
-                flush=True,
-            )
+        for name in PRELOAD:
+            try:
+                importlib.import_module(name)
+            except Exception:  # an optional part (uvloop, FastMCP) that this runtime lacks
+                pass
         gc.collect()
         gc.freeze()  # what is here now is shared by every server: keep the collector off it
 
     def run(self) -> None:
-        control = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        path = os.path.join(self.root, "control.sock")
-        control.bind(path)
-        os.chmod(path, 0o600)
-        control.listen(16)
+        self._reply({"ok": True, "ready": True})
         while True:
-            ready, _, _ = select.select([control], [], [], 1.0)
+            ready, _, _ = select.select([self.control], [], [], 1.0)
             self._reap()
             if not ready:
                 continue
-            connection, _ = control.accept()
-            with connection:
-                line = _read_line(connection)
-                if not line.strip():
-                    continue  # a readiness probe: connected and left
-                try:
-                    reply = self.handle(json.loads(line))
-                except Exception as exc:
-                    reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-                try:
-                    connection.sendall(json.dumps(reply).encode() + b"\n")
-                except OSError:
-                    pass  # the provider went away; what was asked is done anyway
+            try:
+                data, fds, _flags, _addr = socket.recv_fds(self.control, 65536, 8)
+            except OSError:
+                return
+            if not data:
+                for fd in fds:
+                    os.close(fd)
+                self.shutdown(2.0)  # the host went away
+                return
+            try:
+                reply = self.handle(json.loads(data), fds)
+            except Exception as exc:
+                reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            finally:
+                for fd in fds:
+                    _close(fd)
+            self._reply(reply)
             if reply.get("shutdown"):
                 return
 
-    def handle(self, request: Dict[str, Any]) -> Dict[str, Any]:
+    def _reply(self, reply: Dict[str, Any]) -> None:
+        try:
+            self.control.sendall(json.dumps(reply).encode())
+        except OSError:
+            pass  # the host went away; what was asked is done anyway
+
+    def handle(self, request: Dict[str, Any], fds: List[int]) -> Dict[str, Any]:
         op = request.get("op")
         if op == "spawn":
-            return self.spawn(request)
+            return self.spawn(request, fds)
         if op == "stop":
-            return self.stop(request["id"], float(request.get("grace_s", 5.0)))
+            return self.stop(str(request["id"]), float(request.get("grace_s", 5.0)))
         if op == "status":
-            server_id = request["id"]
+            server_id = str(request["id"])
             if server_id in self.exited:
-                return {
-                    "ok": True,
-                    "running": False,
-                    "exit_code": self.exited[server_id],
-                    "log": self.last_words.get(server_id, ""),
-                }
+                return {"ok": True, "running": False, "exit_code": self.exited[server_id]}
             return {"ok": True, "running": server_id in self.children}
         if op == "ping":
             return {"ok": True, "servers": len(self.children)}
         if op == "shutdown":
-            for server_id in list(self.children):
-                self.stop(server_id, float(request.get("grace_s", 2.0)))
+            self.shutdown(float(request.get("grace_s", 2.0)))
             return {"ok": True, "shutdown": True}
         return {"ok": False, "error": f"unknown op {op!r}"}
+
+    def shutdown(self, grace_s: float) -> None:
+        for server_id in list(self.children):
+            self.stop(server_id, grace_s)
 
     def _reap(self) -> None:
         while self.children:
@@ -209,16 +266,18 @@ class Zygote:
                 if child == pid:
                     del self.children[server_id]
                     self.exited[server_id] = os.waitstatus_to_exitcode(status)
-                    self.last_words[server_id] = _log_tail(os.path.join(self.root, server_id, LOG_NAME))
                     self._cleanup(server_id)
 
-    def spawn(self, request: Dict[str, Any]) -> Dict[str, Any]:
-        server_id = request["id"]
+    def spawn(self, request: Dict[str, Any], fds: List[int]) -> Dict[str, Any]:
+        server_id = str(request["id"])
+        if not server_id.isalnum() or server_id in self.children:
+            raise ValueError(f"bad server id {server_id!r}")
+        if len(fds) != 4:
+            raise ValueError(f"spawn needs 4 descriptors (socket, log, ready, config), got {len(fds)}")
         uid, gid = int(request["uid"]), int(request["gid"])
+        if uid <= 0 or gid <= 0:
+            raise ValueError("a server never runs as root")
         limits = Limits(**request["limits"])
-        directory = os.path.join(self.root, server_id)
-        os.mkdir(directory, 0o700)
-        os.chown(directory, uid, gid)
         cgroups = []
         for root in self.cgroups:
             path = os.path.join(root, server_id)
@@ -232,7 +291,7 @@ class Zygote:
         if pid == 0:
             code = 1
             try:
-                code = self._child(server_id, directory, cgroups, uid, gid, limits, request.get("env") or {})
+                code = self._child(server_id, cgroups, uid, gid, limits, fds)
             except BaseException as exc:
                 print(f"openenv sandbox: server {server_id} could not start: {exc}", file=sys.stderr, flush=True)
             finally:
@@ -240,11 +299,10 @@ class Zygote:
         self.children[server_id] = pid
         return {"ok": True}
 
-    def _child(
-        self, server_id: str, directory: str, cgroups: list, uid: int, gid: int, limits: Limits, env: Dict[str, str]
-    ) -> int:
+    def _child(self, server_id: str, cgroups: list, uid: int, gid: int, limits: Limits, fds: List[int]) -> int:
         """The forked intermediate process: isolate, start the server as pid 1, wait for it."""
         _linux.die_with_parent()
+        self.control.close()
         for path in cgroups:
             with open(os.path.join(path, "cgroup.procs"), "w") as f:
                 f.write(str(os.getpid()))
@@ -259,51 +317,53 @@ class Zygote:
             os.makedirs(path, 0o755, exist_ok=True)
             _linux.bind_mount_readonly(f"/proc/self/fd/{fd}", path)
             os.close(fd)
-        _linux.bind_mount(directory, SERVER_DIR)
-        _linux.mount_tmpfs(self.root, mode="0000", size_mb=1)  # hide the other servers and the control socket
-        for path in self.cgroups:
+        for path in self.cgroups:  # the other servers' cgroups
             _linux.mount_tmpfs(path, mode="0000", size_mb=1)
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
-                code = self._server(uid, gid, limits, env)
+                code = self._server(uid, gid, limits, fds)
             except BaseException as exc:
                 print(f"openenv sandbox: server {server_id} failed: {exc}", file=sys.stderr, flush=True)
             finally:
                 os._exit(code)
+        for fd in fds:
+            os.close(fd)
         signal.signal(signal.SIGTERM, lambda *_: _forward(pid, signal.SIGTERM))
         _linux.close_fds((1, 2))
         _linux.drop_privileges(uid, gid)  # it only waits for the server from here on
         return _exit_code(pid)
 
-    def _server(self, uid: int, gid: int, limits: Limits, env: Dict[str, str]) -> int:
-        """The server: pid 1 of its namespace, unprivileged, limited."""
+    def _server(self, uid: int, gid: int, limits: Limits, fds: List[int]) -> int:
+        """The server: pid 1 of its namespaces, unprivileged, limited; the package is imported here."""
+        listen_fd, log_fd, ready_fd, config_fd = fds
         _linux.die_with_parent()
         _linux.mount_proc()
         if not self.network:
             _linux.loopback_up()
-        log = os.open(os.path.join(SERVER_DIR, LOG_NAME), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        os.fchown(log, uid, gid)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        _linux.close_fds((0, 1, 2))
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        _linux.close_fds((0, 1, 2, listen_fd, ready_fd, config_fd))
         os.umask(0o077)
         _linux.drop_privileges(uid, gid)
-        _linux.no_new_privileges()
         limits.apply()
+        _harden(self.profile)
+        env = json.loads(_read_bounded(config_fd, MAX_CONFIG_BYTES) or b"{}")
+        os.close(config_fd)
         os.environ.clear()
         os.environ.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", **env})
         os.chdir("/tmp")
         gc.unfreeze()
-        _serve(self.app, os.path.join(SERVER_DIR, SOCKET_NAME), None, self.log_level)
+        app = _import_app(self.app_path, self.project_dir)
+        _warm_up(app)
+        _serve(app, {"listen_fd": listen_fd, "log_level": self.log_level}, ready_fd)
         return 0
 
     def stop(self, server_id: str, grace_s: float) -> Dict[str, Any]:
         pid = self.children.get(server_id)
         if pid is None:
             self._cleanup(server_id)
-            self.last_words.pop(server_id, None)
             return {"ok": True, "exit_code": self.exited.pop(server_id, None)}
         _forward(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
@@ -334,17 +394,26 @@ class Zygote:
                     if exc.errno != errno.EBUSY:
                         break
                     time.sleep(0.01)
-        shutil.rmtree(os.path.join(self.root, server_id), ignore_errors=True)
 
 
-def _log_tail(path: str, size: int = 4096) -> str:
+def _read_bounded(fd: int, limit: int) -> bytes:
+    chunks: List[bytes] = []
+    size = 0
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > limit:
+            raise ValueError(f"the server's configuration is larger than {limit} bytes")
+        chunks.append(chunk)
+
+
+def _close(fd: int) -> None:
     try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - size))
-            return f.read().decode(errors="replace")
+        os.close(fd)
     except OSError:
-        return ""
+        pass
 
 
 def _limit(path: str, limits: Limits) -> None:
@@ -368,24 +437,12 @@ def _forward(pid: int, sig: int) -> None:
         pass
 
 
-def _read_line(connection: socket.socket) -> bytes:
-    data = b""
-    connection.settimeout(10.0)
-    try:
-        while not data.endswith(b"\n"):
-            chunk = connection.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    except OSError:
-        return b""
-    return data
-
-
 def main() -> None:
     config = json.loads(os.environ.pop("OPENENV_SANDBOX_CONFIG"))
-    if config["mode"] == "zygote":
-        Zygote(config).run()
+    if config["mode"] == "warden":
+        _linux.die_with_parent()
+        control = socket.socket(fileno=int(config["control_fd"]))
+        Warden(config, control).run()
     else:
         single(config)
 

@@ -9,6 +9,7 @@ otherwise) network namespaces, under resource limits.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -166,8 +167,9 @@ def _outermost(paths: Iterable[str]) -> List[str]:
 class BwrapCommand:
     """The ``bwrap`` argument list of one sandbox."""
 
-    def __init__(self, bwrap: str, *, network: bool, tmp_size_mb: int = 512) -> None:
+    def __init__(self, bwrap: str, *, network: bool, tmp_size_mb: int = 512, shm_size_mb: int = 64) -> None:
         self.args: List[str] = [bwrap, "--die-with-parent", "--new-session"]
+        self.pass_fds: List[int] = []  # descriptors bwrap reads (the seccomp program): pass, then close_fds()
         if privileged():
             # Root builds the namespaces directly; the sandboxed program drops to its own uid.
             self.args += ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
@@ -187,6 +189,10 @@ class BwrapCommand:
             if os.path.isdir(path):
                 self.ro_bind(path)
         self.args += ["--proc", "/proc", "--dev", "/dev"]
+        self._dirs.update(("/proc", "/dev"))
+        # bwrap's /dev is an unbounded tmpfs, and its /dev/shm a directory in it: code that fills
+        # shared memory would take the host's RAM (and the OOM killer the server). Sized instead.
+        self.tmpfs("/dev/shm", shm_size_mb)
         self.tmpfs("/tmp", tmp_size_mb)
 
     def _parents(self, dest: str) -> None:
@@ -234,6 +240,25 @@ class BwrapCommand:
         self.args += ["--info-fd", str(fd)]
         return self
 
+    def seccomp(self, profile: str = "strict") -> BwrapCommand:
+        """Run the sandboxed program under seccomp ``profile`` (see :mod:`.seccomp`), and, in a
+        user namespace, with no way to create another one (``--disable-userns``)."""
+        from . import seccomp
+
+        fd = seccomp.program_fd(profile)
+        self.pass_fds.append(fd)
+        self.args += ["--seccomp", str(fd)]
+        if not privileged() and profile == "strict":
+            self.args.append("--disable-userns")
+        return self
+
+    def close_fds(self) -> None:
+        """Close this process's copies of :attr:`pass_fds` (once the sandbox has started)."""
+        for fd in self.pass_fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.pass_fds.clear()
+
     def chdir(self, path: str) -> BwrapCommand:
         self.args += ["--chdir", path]
         return self
@@ -249,7 +274,7 @@ class BwrapCommand:
     def command(self, argv: Sequence[str]) -> List[str]:
         # The sandbox's root is a tmpfs of bwrap's; read-only, nothing can be written outside the
         # binds and tmpfs mounts (and memory cannot be filled through it).
-        return [*self.args, "--remount-ro", "/", "--", *argv]
+        return [*self.args, "--remount-ro", "/dev", "--remount-ro", "/", "--", *argv]
 
 
 def sandbox_environment(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:

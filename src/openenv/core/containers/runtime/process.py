@@ -41,7 +41,7 @@ class LocalProcessProvider(SandboxProvider):
         self._port = port or self.port or _free_port(self.host)
         return super().start(env_vars=env_vars, **kwargs)
 
-    def _plain_address(self, directory: Path) -> Dict[str, Any]:
+    def _plain_address(self, directory: Path) -> Optional[Dict[str, Any]]:
         self._base_url = f"http://{self.host}:{self._port}"
         return {"port": self._port, "host": self.host}
 
