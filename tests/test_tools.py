@@ -22,6 +22,7 @@ from openenv.core.tools import (
     run_python,
     run_python_async,
     run_shell,
+    run_shell_in_directory,
 )
 
 pytestmark = pytest.mark.skipif(find_bwrap() is None, reason="bubblewrap is not installed (apt-get install bubblewrap)")
@@ -274,6 +275,80 @@ def test_the_system_is_read_only():
     finally:
         for probe in probes:
             probe.unlink(missing_ok=True)
+
+
+# --- what the code sees of Python ---------------------------------------------------------------
+
+STDLIB_ONLY = """
+import json, sqlite3, ctypes, decimal  # the standard library, with its compiled modules
+for name in ("openenv", "pytest", "pydantic"):
+    try:
+        __import__(name)
+        print("imported", name)
+    except ImportError:
+        print("missing", name)
+"""
+
+
+def test_the_code_sees_the_standard_library_only():
+    result = run_python(STDLIB_ONLY)
+    assert result.stdout.split() == ["missing", "openenv", "missing", "pytest", "missing", "pydantic"], result
+
+
+def test_without_a_sandbox_the_installed_packages_are_importable():
+    assert run_python(STDLIB_ONLY, isolation="none").stdout.split()[:2] == ["imported", "openenv"]
+
+
+def test_named_packages_are_importable_and_read_only():
+    numpy = pytest.importorskip("numpy")
+    code = (
+        "import numpy, os\nprint(numpy.arange(4).sum())\n"
+        "try:\n    open(os.path.join(os.path.dirname(numpy.__file__), 'x'), 'w')\n"
+        "except OSError as exc:\n    print(exc.strerror)\nimport pytest"
+    )
+    result = run_python(code, packages=("numpy",))
+    assert result.stdout == "6\nRead-only file system\n" and "No module named 'pytest'" in result.stderr, result
+    assert numpy.__file__  # the host's copy is the one shown
+
+
+def test_an_unknown_package_is_refused_with_advice():
+    with pytest.raises(ValueError, match="not importable"):
+        run_python("pass", packages=("openenv_no_such_package",))
+
+
+def test_import_paths_are_importable_and_read_only(tmp_path):
+    (tmp_path / "helper.py").write_text("VALUE = 42\n")
+    tmp_path.chmod(0o755)  # readable by the sandbox's own uid
+    code = f"import helper\nprint(helper.VALUE)\nopen({str(tmp_path / 'x')!r}, 'w')"
+    result = run_python(code, import_paths=[str(tmp_path)])
+    assert result.stdout == "42\n" and "Read-only file system" in result.stderr
+
+
+# --- a command on a directory that persists --------------------------------------------------
+
+
+def test_a_command_on_a_directory_keeps_files_modes_and_inner_links(tmp_path):
+    (tmp_path / "in.txt").write_text("hello")
+    result = run_shell_in_directory(
+        "cat in.txt; mkdir -p a/b && echo one > a/b/f && chmod +x a/b/f && ln -s b/f a/link", tmp_path
+    )
+    assert result.stdout == "hello" and result.exit_code == 0 and result.kept_changes
+    assert (tmp_path / "a/b/f").read_text() == "one\n" and os.access(tmp_path / "a/b/f", os.X_OK)
+    assert os.readlink(tmp_path / "a/link") == "b/f"
+
+
+def test_a_command_on_a_directory_is_timed_out_with_every_process_it_started(tmp_path):
+    seconds = unique_seconds()
+    result = run_shell_in_directory(f"sleep {seconds} & echo started > f; sleep {seconds}", tmp_path, timeout_s=1)
+    assert result.timed_out and result.exit_code == TIMEOUT_EXIT_CODE and result.kept_changes
+    assert (tmp_path / "f").read_text() == "started\n"
+    assert processes_with(seconds) == []
+
+
+def test_changes_are_dropped_when_not_kept(tmp_path):
+    result = run_shell_in_directory("echo x > new", tmp_path, keep_changes=False)
+    assert result.exit_code == 0 and not result.kept_changes and result.error is None
+    assert os.listdir(tmp_path) == []
 
 
 # --- without a sandbox: the same attacks work ---------------------------------------------------

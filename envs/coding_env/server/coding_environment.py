@@ -17,7 +17,7 @@ import ast
 import os
 import re
 from dataclasses import dataclass, replace
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 from uuid import uuid4
 
 from openenv.core.env_server.interfaces import Environment
@@ -75,6 +75,10 @@ def _env_float(name: str, default: float) -> float:
         raise ValueError(f"{name} must be a number, got {raw!r}") from None
 
 
+def _env_names(name: str) -> Tuple[str, ...]:
+    return tuple(part.strip() for part in os.environ.get(name, "").split(",") if part.strip())
+
+
 class CodingEnvironment(Environment[CodeAction, CodeObservation, CodeState]):
     """Runs each step's code in a fresh sandboxed Python process.
 
@@ -82,7 +86,9 @@ class CodingEnvironment(Environment[CodeAction, CodeObservation, CodeState]):
     step's own ``timeout_s`` may only lower it. ``memory_mb`` (``$CODING_MEMORY_MB``, default
     512) caps each process's address space; ``max_processes`` (64) caps processes and threads.
     ``isolation`` (``$CODING_ISOLATION``) is ``"sandbox"`` (bubblewrap) or ``"none"`` (a plain
-    subprocess with the same limits: development only). With ``reset(seed=s)``, each step's
+    subprocess with the same limits: development only). The code imports the standard library
+    only, plus ``packages`` (``$CODING_PACKAGES``, comma-separated top-level modules, e.g.
+    ``numpy``; each shown read-only). With ``reset(seed=s)``, each step's
     process starts with ``random`` seeded from ``(s, step)`` and a fixed ``PYTHONHASHSEED``, so
     the same seed and the same actions give the same episode.
     """
@@ -97,6 +103,7 @@ class CodingEnvironment(Environment[CodeAction, CodeObservation, CodeState]):
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         isolation: Optional[str] = None,
         reward: Optional[ShapingReward] = None,
+        packages: Optional[Sequence[str]] = None,
     ) -> None:
         super().__init__()
         self.timeout_s = timeout_s if timeout_s is not None else _env_float("CODING_TIMEOUT_S", 10.0)
@@ -109,6 +116,7 @@ class CodingEnvironment(Environment[CodeAction, CodeObservation, CodeState]):
         if self.isolation not in ("sandbox", "none"):
             raise ValueError(f"isolation must be 'sandbox' or 'none', not {self.isolation!r}")
         self.reward = reward or ShapingReward()
+        self.packages = tuple(packages if packages is not None else _env_names("CODING_PACKAGES"))
         self._seed: Optional[int] = None
         self._state = CodeState(episode_id=str(uuid4()), step_count=0)
 
@@ -136,6 +144,7 @@ class CodingEnvironment(Environment[CodeAction, CodeObservation, CodeState]):
                 limits=replace(self.limits, cpu_seconds=int(limit) + 2),
                 max_output_bytes=self.max_output_bytes,
                 isolation=self.isolation,  # type: ignore[arg-type]
+                packages=self.packages,
                 **self._seeding(),
             )
             stdout, stderr, exit_code = result.stdout, result.stderr, result.exit_code

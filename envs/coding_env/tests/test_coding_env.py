@@ -367,3 +367,10 @@ def test_auto_env_finds_the_installed_package() -> None:
 
     assert AutoEnv.get_env_class("coding") is CodingEnv
     assert AutoAction.from_env("coding") is CodeAction
+
+
+def test_the_code_imports_the_standard_library_only_unless_packages_are_named() -> None:
+    pytest.importorskip("numpy")
+    code = "import numpy\nprint(numpy.arange(3).sum())"
+    assert "No module named 'numpy'" in CodingEnvironment().step(CodeAction(code=code)).stderr
+    assert CodingEnvironment(packages=("numpy",)).step(CodeAction(code=code)).stdout == "3\n"

@@ -27,7 +27,7 @@ import re
 import time
 from dataclasses import replace
 from importlib import resources
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 from uuid import uuid4
 
 from openenv.core.env_server.interfaces import Environment
@@ -97,12 +97,18 @@ def _env_float(name: str, default: float) -> float:
         raise ValueError(f"{name} must be a number, got {raw!r}") from None
 
 
+def _env_names(name: str) -> Tuple[str, ...]:
+    return tuple(part.strip() for part in os.environ.get(name, "").split(",") if part.strip())
+
+
 class REPLEnvironment(Environment[REPLAction, REPLObservation, REPLState]):
     """One session's sandboxed interpreter and task (see the module docstring).
 
     ``timeout_s`` (``$REPL_TIMEOUT_S``, default 10) bounds each step's code; ``memory_mb``
     (``$REPL_MEMORY_MB``, default 512) caps the worker's memory; ``isolation``
     (``$REPL_ISOLATION``: ``sandbox`` or ``none``, development only) chooses the worker's box.
+    The worker imports the standard library only, plus ``packages`` (``$REPL_PACKAGES``,
+    comma-separated top-level modules; each shown read-only): never this package and its tasks.
     """
 
     SUPPORTS_CONCURRENT_SESSIONS = True
@@ -118,6 +124,7 @@ class REPLEnvironment(Environment[REPLAction, REPLObservation, REPLState]):
         reward_on_success: float = 1.0,
         reward_on_failure: float = -0.1,
         reward_on_error: float = -0.05,
+        packages: Optional[Sequence[str]] = None,
     ) -> None:
         super().__init__()
         self.max_iterations = max_iterations
@@ -133,6 +140,7 @@ class REPLEnvironment(Environment[REPLAction, REPLObservation, REPLState]):
             limits=replace(REPL_LIMITS, memory_mb=memory),
             isolation=self.isolation,  # type: ignore[arg-type]
             max_output_bytes=max_output_length,
+            packages=tuple(packages if packages is not None else _env_names("REPL_PACKAGES")),
         )
         self._tasks = load_tasks()
         self._expected: Optional[str] = None

@@ -344,3 +344,18 @@ def test_auto_env_finds_the_installed_package() -> None:
 
     assert AutoEnv.get_env_class("repl") is REPLEnv
     assert AutoAction.from_env("repl") is REPLAction
+
+
+def test_the_interpreter_imports_the_standard_library_only_unless_packages_are_named() -> None:
+    pytest.importorskip("numpy")
+    from repl_env.server.repl_environment import REPLEnvironment
+
+    code = "import numpy\nprint(numpy.arange(3).sum())"
+    for packages, expected in (((), "No module named 'numpy'"), (("numpy",), "3\n")):
+        env = REPLEnvironment(packages=packages)
+        try:
+            env.reset(task_id="max_number")
+            result = env.step(REPLAction(code=code)).result
+            assert expected in result.stdout + result.stderr
+        finally:
+            env.close()

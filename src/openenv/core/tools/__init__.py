@@ -2,6 +2,8 @@
 
 * :func:`run_python` / :func:`run_shell` — one fresh sandbox per call, hard timeout that kills
   the whole process tree, memory/process limits, no network, bounded output.
+* :func:`run_shell_in_directory` — a command on a copy of a host directory that persists
+  between commands (the copy travels over a channel the command cannot reach).
 * :class:`PythonREPL` — one persistent sandboxed interpreter per session (globals kept between
   calls; killed and restarted fresh after a timeout or a crash).
 
@@ -27,6 +29,7 @@ from .executor import (
     run_shell_async,
 )
 from .repl import REPL_LIMITS, PythonREPL
+from .workdir import DirectoryResult, TreeError, TreeTooLarge, run_shell_in_directory
 
 __all__ = [
     "CODE_LIMITS",
@@ -35,13 +38,17 @@ __all__ = [
     "TIMEOUT_EXIT_CODE",
     "WORKSPACE",
     "CodeExecResult",
+    "DirectoryResult",
     "FileContent",
     "Isolation",
     "IsolationError",
     "Limits",
     "PythonREPL",
+    "TreeError",
+    "TreeTooLarge",
     "run_python",
     "run_python_async",
     "run_shell",
     "run_shell_async",
+    "run_shell_in_directory",
 ]

@@ -4,10 +4,15 @@
 :mod:`openenv.core.containers.runtime.isolation`): no network unless asked, a read-only system
 and Python runtime, a private ``/tmp``, a private working directory ``/workspace`` (holding the
 caller's ``files``), a pid namespace, its own unprivileged uid when OpenEnv runs as root, and
-resource limits (rlimits, plus a per-sandbox memory/pids cgroup where cgroups are writable).
+resource limits (rlimits, plus a per-sandbox memory/pids cgroup where cgroups are writable), the
+strict seccomp filter (:mod:`openenv.core.containers.runtime.seccomp`: no keyrings, ptrace, mounts or
+new user namespaces), and of Python only the interpreter's standard library (no site-packages, no
+virtual environment, no project directories: ``packages=`` opts in to named ones).
 
 Inside, a small launcher (``_launcher.py``) reads the code and files from a pipe — code never
-appears on a command line —, drops privileges, sets the limits and execs the interpreter. When
+appears on a command line —, joins a fresh session keyring, sets ``oom_score_adj`` to 1000 (when
+memory runs out the kernel kills the agent's code, not the server), drops privileges, sets the
+limits and execs the interpreter. When
 the code's main process ends, or the wall-clock timeout passes, the sandbox's pid 1 is killed:
 the kernel then kills every process left in its pid namespace, forked, backgrounded or
 daemonized. The call returns once they are all gone.
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import logging
 import math
@@ -37,8 +43,9 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Dict, List, Literal, Mapping, Optional, Union
+from typing import Any, Callable, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union
 
+from openenv.core.containers.runtime import seccomp
 from openenv.core.containers.runtime.isolation import (
     BwrapCommand,
     Cgroup,
@@ -48,7 +55,6 @@ from openenv.core.containers.runtime.isolation import (
     privileged,
     python_command,
     require_bwrap,
-    runtime_view,
     sandbox_environment,
     sandbox_uid,
 )
@@ -75,7 +81,10 @@ CONTROL = "/run/openenv"
 
 _HERE = Path(__file__).resolve().parent
 _LAUNCHER = str(_HERE / "_launcher.py")
+_TREE = str(_HERE / "_tree.py")
 _REPL_WORKER = str(_HERE / "_repl_worker.py")
+SITE = f"{CONTROL}/site"
+"""Where the packages a sandbox was given (``packages=``) appear; it is on the code's ``PYTHONPATH``."""
 _MIB = 1024 * 1024
 _KILL_WAIT_S = 5.0  # how long a killed tree may take to disappear
 _DRAIN_S = 2.0  # how long output may keep arriving once the tree is dead or killed
@@ -148,6 +157,117 @@ def _check_isolation(isolation: str) -> None:
         )
 
 
+# --- what the code sees of Python ------------------------------------------------------------
+
+_INTERPRETER_PROBE = r"""
+import importlib.util, json, os, site, sys, sysconfig
+shared = []
+if sysconfig.get_config_var("Py_ENABLE_SHARED"):
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    for name in {sysconfig.get_config_var("INSTSONAME"), sysconfig.get_config_var("LDLIBRARY")}:
+        if name and os.path.exists(os.path.join(libdir, name)):
+            shared.append(os.path.realpath(os.path.join(libdir, name)))
+packages, missing = {}, []
+for name in json.loads(sys.argv[1]):
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or (not spec.submodule_search_locations and not (spec.origin and os.path.isfile(spec.origin))):
+        missing.append(name)
+        continue
+    found = list(spec.submodule_search_locations or [spec.origin])
+    found += [p + ".libs" for p in found if os.path.isdir(p + ".libs")]  # wheels' vendored libraries
+    packages[name] = [os.path.realpath(p) for p in found]
+print(json.dumps({
+    "executable": os.path.realpath(sys.executable),
+    "stdlib": os.path.realpath(os.path.dirname(os.__file__)),
+    "shared": shared,
+    "site": sorted({os.path.realpath(p) for p in site.getsitepackages([sys.base_prefix, sys.prefix]) if os.path.isdir(p)}),
+    "packages": packages,
+    "missing": missing,
+}))
+"""
+
+
+_SYSTEM_PYTHONS = ("/usr/local/bin/python3", "/usr/bin/python3")
+
+
+@dataclass(frozen=True)
+class _Interpreter:
+    """A real interpreter as a code sandbox shows it: its binary, its standard library (with
+    ``lib-dynload``) and shared library, none of its site directories (``hidden``), and only the
+    ``packages`` asked for (import name -> its directories or module file)."""
+
+    executable: str
+    binds: Tuple[str, ...]
+    hidden: Tuple[str, ...]
+    packages: Tuple[Tuple[str, Tuple[str, ...]], ...]
+
+
+@functools.lru_cache(maxsize=64)
+def _interpreter(python: str, packages: Tuple[str, ...]) -> _Interpreter:
+    try:
+        out = subprocess.run(
+            [python, "-c", _INTERPRETER_PROBE, json.dumps(list(packages))],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+            check=True,
+        )
+        info = json.loads(out.stdout)
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        raise IsolationError(f"cannot inspect the Python {python!r} the code is to run on: {exc}") from None
+    if info["missing"]:
+        raise ValueError(
+            f"packages {info['missing']} are not importable by {python}: install them, or name the top-level module"
+        )
+    return _Interpreter(
+        executable=info["executable"],
+        binds=(info["executable"], info["stdlib"], *info["shared"]),
+        hidden=tuple(info["site"]),
+        packages=tuple((name, tuple(paths)) for name, paths in info["packages"].items()),
+    )
+
+
+def _show_interpreter(cmd: BwrapCommand, interpreter: _Interpreter, import_paths: Sequence[str]) -> List[str]:
+    """Bind the interpreter's standard library (read-only), hide its site directories, put each
+    package under :data:`SITE`; the ``PYTHONPATH`` entries that make them importable."""
+    from openenv.core.containers.runtime.isolation import SYSTEM_DIRS
+
+    def shown(path: str) -> bool:
+        return any(path == d or path.startswith(d.rstrip("/") + "/") for d in (*SYSTEM_DIRS, *cmd.views))
+
+    for path in interpreter.binds:
+        if not shown(path):
+            cmd.ro_bind(path)
+            if os.path.isdir(path):
+                cmd.views.append(path)
+    hidden = set(interpreter.hidden)
+    for other in _SYSTEM_PYTHONS:  # what a shell command's `python3` runs: its site directories too
+        if os.path.exists(other):
+            try:
+                hidden.update(_interpreter(os.path.realpath(other), ()).hidden)
+            except (IsolationError, ValueError):
+                pass  # a broken system Python shows nothing it could hide
+    for path in sorted(hidden):
+        if shown(path):
+            cmd.tmpfs(path, size_mb=1, perms="0555")  # an empty directory the code cannot write
+    pythonpath = []
+    for _name, paths in interpreter.packages:
+        for path in paths:
+            cmd.ro_bind(path, f"{SITE}/{os.path.basename(path)}")
+        pythonpath = [SITE]
+    for path in import_paths:
+        real = os.path.realpath(path)
+        if not os.path.isdir(real):
+            raise ValueError(f"import path {path!r} is not a directory")
+        cmd.ro_bind(real)
+        pythonpath.append(real)
+    return pythonpath
+
+
 def _encode_files(files: Optional[Mapping[str, FileContent]]) -> Dict[str, Any]:
     """Check the names (relative, inside the working directory) and make the contents JSON-safe."""
     encoded: Dict[str, Any] = {}
@@ -180,6 +300,20 @@ class _Spec:
     env: Mapping[str, str] = field(default_factory=dict)
     stdin: bool = False
     channels: bool = False  # a request and a reply pipe (the REPL's protocol)
+    packages: Tuple[str, ...] = ()  # importable in the sandbox besides the standard library
+    import_paths: Tuple[str, ...] = ()
+    tree: Optional[bytes] = None  # a packed work directory (_tree): the launcher's tree mode
+    tree_timeout_s: float = 0.0  # the program's own timeout in tree mode
+    max_tree_bytes: int = 0
+    max_tree_entries: int = 100_000
+
+
+def _keyctl_number() -> Optional[int]:
+    """keyctl's system call number here, for the launcher (stdlib only) to join a fresh keyring."""
+    try:
+        return seccomp._syscall_number("keyctl")
+    except (seccomp.SeccompUnavailable, OSError, ValueError, RuntimeError):
+        return None
 
 
 def _make_cgroup(limits: Limits) -> Optional[Cgroup]:
@@ -210,6 +344,7 @@ class _Sandbox:
         self.init_pidfd: Optional[int] = None
         self.exit_fd: Optional[int] = None  # readable once the process we started has exited
         self.status_r: Optional[int] = None
+        self.result_r: Optional[int] = None  # tree mode: the launcher's result pipe
         self.request_w: Optional[int] = None
         self.reply_r: Optional[int] = None
         self.exited = False
@@ -243,7 +378,7 @@ class _Sandbox:
         python = shutil.which(python) or python  # the launcher execs it: a path, not a name
         sandboxed = spec.isolation == "sandbox"
         bwrap = require_bwrap() if sandboxed else None
-        view = runtime_view(python) if sandboxed else None
+        interpreter = _interpreter(python, tuple(spec.packages)) if sandboxed else None
         self.cgroup = _make_cgroup(spec.limits)
         cgroup_fds = []
         for path in self.cgroup.dirs if self.cgroup else []:
@@ -252,25 +387,35 @@ class _Sandbox:
         config_r, config_w = self._pipe(child_fds, child_reads=True)
         self.status_r, status_w = self._pipe(child_fds, child_reads=False)
         keep_fds: List[int] = []
-        request_r = reply_w = -1
+        request_r = reply_w = result_w = -1
         if spec.channels:
             request_r, self.request_w = self._pipe(child_fds, child_reads=True)
             self.reply_r, reply_w = self._pipe(child_fds, child_reads=False)
             keep_fds = [request_r, reply_w]
+        if spec.tree is not None:
+            self.result_r, result_w = self._pipe(child_fds, child_reads=False)
         info_r = -1
+        pythonpath: List[str] = []
         if sandboxed:
-            assert bwrap is not None and view is not None
+            assert bwrap is not None and interpreter is not None
+            python = interpreter.executable  # the real binary: no venv, no site-packages
             control, workspace = CONTROL, WORKSPACE
             script_bytes = len(spec.script.encode()) if spec.script else 0
             cmd = BwrapCommand(bwrap, network=spec.network, tmp_size_mb=spec.limits.tmp_size_mb)
-            cmd.view(view)
             cmd.tmpfs(CONTROL, size_mb=script_bytes // _MIB + 1, perms="0755")
+            pythonpath = _show_interpreter(cmd, interpreter, spec.import_paths)
             launcher, worker = f"{CONTROL}/launcher.py", f"{CONTROL}/repl_worker.py"
-            cmd.ro_bind(_LAUNCHER, launcher).ro_bind(_REPL_WORKER, worker)
+            cmd.ro_bind(_LAUNCHER, launcher).ro_bind(_TREE, f"{CONTROL}/_tree.py").ro_bind(_REPL_WORKER, worker)
             cmd.tmpfs(WORKSPACE, size_mb=spec.limits.tmp_size_mb, perms="0755")
             info_r, info_w = self._pipe(child_fds, child_reads=False)
             cmd.info_fd(info_w)
             cmd.chdir(WORKSPACE)
+            try:
+                cmd.seccomp("strict")
+            except seccomp.SeccompUnavailable as exc:
+                raise IsolationError(str(exc)) from None
+            child_fds.extend(cmd.pass_fds)
+            cmd.pass_fds.clear()  # closed with the other child descriptors once bwrap has started
             argv = cmd.command([python, "-I", "-S", launcher, str(config_r), str(status_w)])
             cwd = "/"
         else:
@@ -292,9 +437,19 @@ class _Sandbox:
             "rlimits": spec.limits.rlimits(),
             "keep_fds": keep_fds,
             "argv": [part.format(**names) for part in spec.argv],
+            "keyctl": _keyctl_number(),
         }
+        if spec.tree is not None:
+            config.update(
+                tree=True,
+                result_fd=result_w,
+                timeout_s=spec.tree_timeout_s,
+                kill_all=sandboxed,
+                max_tree_bytes=spec.max_tree_bytes,
+                max_tree_entries=spec.max_tree_entries,
+            )
         home = {} if sandboxed else {"HOME": workspace}  # not the host's /tmp
-        env = sandbox_environment({"PYTHONPATH": workspace, **home, **spec.env})
+        env = sandbox_environment({"PYTHONPATH": ":".join([workspace, *pythonpath]), **home, **spec.env})
         try:
             self.proc = _popen(
                 argv,
@@ -313,7 +468,7 @@ class _Sandbox:
                 self.exit_fd = None  # no pidfds (Linux < 5.3): exits are polled
             if sandboxed:
                 self._read_info(info_r)
-            _write_all(config_w, json.dumps(config).encode())
+            _write_all(config_w, json.dumps(config).encode() + b"\n" + (spec.tree or b""))
         except BrokenPipeError:
             pass  # the launcher is gone: the caller finds out why from launch_error()
         finally:
@@ -446,13 +601,13 @@ class _Sandbox:
 
     def close(self) -> None:
         """Release pipes, cgroup and scratch directory (after :meth:`kill`)."""
-        for fd in (self.status_r, self.request_w, self.reply_r, self.init_pidfd, self.exit_fd):
+        for fd in (self.status_r, self.result_r, self.request_w, self.reply_r, self.init_pidfd, self.exit_fd):
             if fd is not None:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
-        self.status_r = self.request_w = self.reply_r = self.init_pidfd = self.exit_fd = None
+        self.status_r = self.result_r = self.request_w = self.reply_r = self.init_pidfd = self.exit_fd = None
         if self.proc is not None:
             for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
                 if stream is not None:
@@ -585,6 +740,14 @@ class _Streams:
 
 
 def _run(spec: _Spec, *, stdin: Union[str, bytes, None], timeout_s: float, max_output_bytes: int) -> CodeExecResult:
+    return _execute(spec, stdin=stdin, timeout_s=timeout_s, max_output_bytes=max_output_bytes)[0]
+
+
+def _execute(
+    spec: _Spec, *, stdin: Union[str, bytes, None], timeout_s: float, max_output_bytes: int, max_result_bytes: int = 0
+) -> Tuple[CodeExecResult, Optional[bytes]]:
+    """Run one sandbox to its end: its result, and (tree mode) what came over the result pipe
+    (None when it sent more than ``max_result_bytes``)."""
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be positive, not {timeout_s}")
     started = time.monotonic()
@@ -594,6 +757,9 @@ def _run(spec: _Spec, *, stdin: Union[str, bytes, None], timeout_s: float, max_o
         stdout, stderr = _Output("stdout", max_output_bytes), _Output("stderr", max_output_bytes)
         streams.read(sandbox.stdout, stdout.feed)
         streams.read(sandbox.stderr, stderr.feed)
+        result = _Output("result", max_result_bytes)
+        if sandbox.result_r is not None:
+            streams.read(sandbox.result_r, result.feed)
         if stdin is not None:
             assert sandbox.proc is not None and sandbox.proc.stdin is not None
             data = stdin.encode() if isinstance(stdin, str) else stdin
@@ -602,14 +768,16 @@ def _run(spec: _Spec, *, stdin: Union[str, bytes, None], timeout_s: float, max_o
         # The main process is done (or out of time): nothing it started may outlive it.
         sandbox.kill()
         streams.run(time.monotonic() + _DRAIN_S, lambda: not streams.reading)
+        sent = bytes(result.data) if sandbox.result_r is not None and not result.dropped else None
         if finished:
             error = sandbox.launch_error()
             if error is not None:
                 raise IsolationError(f"the sandbox could not start the code: {error} {stderr.text().strip()}".strip())
-            return CodeExecResult(stdout=stdout.text(), stderr=stderr.text(), exit_code=sandbox.returncode)
+            return CodeExecResult(stdout=stdout.text(), stderr=stderr.text(), exit_code=sandbox.returncode), sent
         note = _timeout_note(timeout_s, "the code was")
-        return CodeExecResult(
-            stdout=stdout.text(), stderr=_append_note(stderr.text(), note), exit_code=TIMEOUT_EXIT_CODE
+        return (
+            CodeExecResult(stdout=stdout.text(), stderr=_append_note(stderr.text(), note), exit_code=TIMEOUT_EXIT_CODE),
+            None,
         )
     finally:
         streams.close()
@@ -636,13 +804,19 @@ def run_python(
     python: Optional[str] = None,
     isolation: Isolation = "sandbox",
     env: Optional[Mapping[str, str]] = None,
+    packages: Sequence[str] = (),
+    import_paths: Sequence[str] = (),
 ) -> CodeExecResult:
     """Run Python ``code`` in a fresh sandbox and return its output and exit status.
 
-    The code runs as a script (``__name__ == "__main__"``) with ``python`` (the path of a real
-    interpreter; default: this one, whose installed packages it can import), in ``/workspace``, which starts with
-    ``files`` (relative name -> text or bytes; modules there are importable). ``stdin`` is fed to
-    it; ``env`` adds environment variables (the place for secrets). ``limits`` default to
+    The code runs as a script (``__name__ == "__main__"``) on ``python`` (default: this one), in
+    ``/workspace``, which starts with ``files`` (relative name -> text or bytes; modules there are
+    importable). In the sandbox it sees that interpreter's binary and standard library only: no
+    site-packages, no virtual environment, no installed project's files (answer data stays out of
+    reach). ``packages`` names the top-level modules it may import besides (``("numpy",)``: that
+    package's directory, read-only under :data:`SITE`; list dependencies too); ``import_paths``
+    adds directories, read-only and on its ``PYTHONPATH``; both are ignored without a sandbox,
+    where everything installed is importable. ``stdin`` is fed to it; ``env`` adds environment variables (the place for secrets). ``limits`` default to
     :data:`CODE_LIMITS` with ``cpu_seconds`` = the timeout + 1. ``network=True`` shares the host's
     network. stdout and stderr each keep their first ``max_output_bytes`` bytes, then a marker.
 
@@ -664,8 +838,16 @@ def run_python(
         script_name="main.py",
         files=_encode_files(files),
         env=dict(env or {}),
+        packages=_names(packages),
+        import_paths=tuple(import_paths),
     )
     return _run(spec, stdin=stdin, timeout_s=timeout_s, max_output_bytes=max_output_bytes)
+
+
+def _names(packages: Sequence[str]) -> Tuple[str, ...]:
+    if isinstance(packages, str):
+        raise TypeError(f"packages must be a sequence of module names, not the string {packages!r}")
+    return tuple(packages)
 
 
 def _shell() -> str:
@@ -684,11 +866,14 @@ def run_shell(
     python: Optional[str] = None,
     isolation: Isolation = "sandbox",
     env: Optional[Mapping[str, str]] = None,
+    packages: Sequence[str] = (),
+    import_paths: Sequence[str] = (),
 ) -> CodeExecResult:
     """Run a shell script (bash, else sh) in a fresh sandbox; the contract of :func:`run_python`.
 
     ``command`` may span lines; it runs in ``/workspace``. ``python`` is only the interpreter the
-    sandbox's launcher runs on; the script's own ``python3`` is whatever its PATH finds.
+    sandbox's launcher runs on; the script's own ``python3`` is whatever its PATH finds (the
+    system's, whose site directories are hidden too).
     """
     _check_isolation(isolation)
     spec = _Spec(
@@ -701,6 +886,8 @@ def run_shell(
         script_name="main.sh",
         files=_encode_files(files),
         env=dict(env or {}),
+        packages=_names(packages),
+        import_paths=tuple(import_paths),
     )
     return _run(spec, stdin=stdin, timeout_s=timeout_s, max_output_bytes=max_output_bytes)
 

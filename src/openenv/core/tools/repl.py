@@ -14,7 +14,7 @@ import threading
 import time
 import weakref
 from dataclasses import replace
-from typing import Any, List, Mapping, Optional
+from typing import Any, List, Mapping, Optional, Sequence
 
 from openenv.core.containers.runtime.isolation import IsolationError, Limits
 from openenv.core.env_server.types import CodeExecResult
@@ -28,6 +28,7 @@ from .executor import (
     _append_note,
     _check_isolation,
     _encode_files,
+    _names,
     _Output,
     _Sandbox,
     _Spec,
@@ -82,7 +83,8 @@ class PythonREPL:
     ``SystemExit`` gives its code and keeps the interpreter. Files, imports and background
     processes persist too, in the worker's sandbox (``/workspace`` is the working directory).
 
-    The worker starts on the first call. When a call times out (exit code 124) or the worker
+    The worker sees the standard library only, besides ``packages`` and ``import_paths`` (as
+    in :func:`~openenv.core.tools.run_python`). The worker starts on the first call. When a call times out (exit code 124) or the worker
     dies (e.g. killed for memory: exit code 137), the worker is killed with every process it
     started; the next call starts a fresh one, with empty globals, and says so on its stderr.
     :meth:`reset` does the same on purpose, silently.
@@ -104,6 +106,8 @@ class PythonREPL:
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         env: Optional[Mapping[str, str]] = None,
         start_timeout_s: float = 30.0,
+        packages: Sequence[str] = (),
+        import_paths: Sequence[str] = (),
     ) -> None:
         _check_isolation(isolation)
         self._spec = _Spec(
@@ -115,6 +119,8 @@ class PythonREPL:
             files=_encode_files(files),
             env=dict(env or {}),
             channels=True,
+            packages=_names(packages),
+            import_paths=tuple(import_paths),
         )
         self.start_timeout_s = start_timeout_s
         self._lock = threading.Lock()
