@@ -1,7 +1,7 @@
 """Sandbox start-up and Unix-socket throughput, each beside its floor.
 
 * Start to first successful ``reset`` of the echo environment through ``SandboxProvider``: warm
-  starts (forked from the package's zygote; the first start boots the zygote) and cold starts
+  starts (forked from the package's warden; the first start boots the warden) and cold starts
   (bubblewrap and Python afresh). Floors: a bare ``python -c pass``, without and inside bubblewrap.
 * Steps/s of the trivial sync environment over a Unix socket and over TCP (our server), beside the
   bare websockets server on each transport.
@@ -142,7 +142,7 @@ def main() -> int:
     shutdown_sandboxes()
     print(
         f"start to first reset, echo env, {args.starts} warm starts: median {1000 * statistics.median(warm):.0f} ms "
-        f"(first, which boots the zygote: {1000 * warm[0]:.0f} ms; max {1000 * max(warm):.0f} ms)"
+        f"(first, which boots the warden: {1000 * warm[0]:.0f} ms; max {1000 * max(warm):.0f} ms)"
     )
     print(f"cold starts ({len(cold)}): median {1000 * statistics.median(cold):.0f} ms")
     for label, value in floors.items():

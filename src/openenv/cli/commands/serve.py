@@ -130,8 +130,9 @@ class _Serve:
                 network=self.network,
                 memory_mb=self.memory_mb,
                 env_vars=self.env_vars,
-                # A reloading server must import the changed code: no warm zygote holding the old.
-                warm=not self.reload,
+                # Warm starts fork from a warden that holds the framework, never the package: a
+                # reloaded server imports the changed code.
+                warm=True,
                 log_level="info",
             )
         except IsolationError as exc:

@@ -1,4 +1,4 @@
-"""Linux system calls the sandbox's zygote needs, through ctypes (Python 3.10 has no os.unshare)."""
+"""Linux system calls the sandbox's warden and servers need, through ctypes (Python 3.10 has no os.unshare)."""
 
 from __future__ import annotations
 

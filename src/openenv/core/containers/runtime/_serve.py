@@ -120,6 +120,8 @@ def _serve(app: Any, config: Dict[str, Any], ready_fd: Optional[int]) -> None:
             try:
                 if server.started:
                     os.write(ready_fd, b"R")
+            except OSError:
+                pass  # the host stopped waiting (it gave up, or is gone)
             finally:
                 os.close(ready_fd)
 

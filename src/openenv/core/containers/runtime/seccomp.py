@@ -20,8 +20,9 @@ System calls of another architecture (32-bit calls from a 64-bit process) kill t
 
 Profiles: ``"strict"`` is all of the above, for code sandboxes and servers. ``"nesting"`` is for a
 server whose package runs code in sandboxes of its own (its ``openenv.yaml`` says
-``nested_sandboxes: true``): bubblewrap, run by the server, must create a user namespace and mount
-in it, so those calls stay allowed there; each nested sandbox then gets the strict filter on top.
+``nested_sandboxes: true``): bubblewrap, run by the server, must create a user namespace and
+``mount``/``umount2``/``pivot_root`` in it, so those calls (only) stay allowed there; each nested
+sandbox then gets the strict filter on top.
 """
 
 from __future__ import annotations
@@ -83,11 +84,9 @@ _ALWAYS = (
     "vm86old",
     "fanotify_init",
 )
+# What bubblewrap itself needs to build a nested sandbox (allowed by the "nesting" profile only).
+_BWRAP_MOUNTS = ("mount", "umount", "umount2", "pivot_root")
 _MOUNTS = (
-    "mount",
-    "umount",
-    "umount2",
-    "pivot_root",
     "chroot",
     "move_mount",
     "open_tree",
@@ -134,8 +133,10 @@ def _filter(profile: str) -> Any:
     # Joining a new anonymous session keyring is the one keyctl allowed: keyctl(1, NULL).
     refuse("keyctl", sc.Arg(0, sc.NE, KEYCTL_JOIN_SESSION_KEYRING))
     refuse("keyctl", sc.Arg(1, sc.NE, 0))
+    for name in _MOUNTS:
+        refuse(name)
     if profile == "strict":
-        for name in _MOUNTS:
+        for name in _BWRAP_MOUNTS:
             refuse(name)
         refuse("unshare", sc.Arg(0, sc.MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER))
         refuse("clone", sc.Arg(0, sc.MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER))
