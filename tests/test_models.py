@@ -584,6 +584,7 @@ def test_scalar_alias_is_int_float_bool() -> None:
                 "TIMEOUT": "TIMEOUT",
                 "MESSAGE_TOO_LARGE": "MESSAGE_TOO_LARGE",
                 "UNSUPPORTED_FRAME": "UNSUPPORTED_FRAME",
+                "SERVER_BUSY": "SERVER_BUSY",
             },
         ),
         (McpMethod, {"TOOLS_LIST": "tools/list", "TOOLS_CALL": "tools/call"}),

@@ -102,14 +102,22 @@ async def test_validation_errors_carry_pydantic_error_lists(counter_server):
         assert errors[0]["loc"] == ["bogus"]
 
 
-async def test_oversized_frame_is_refused_with_an_error_and_the_connection_survives():
+async def test_oversized_frame_is_refused_with_an_error_and_an_uncompressed_connection_survives(compression_offer):
+    """An uncompressed frame over the limit is skipped unread and the connection goes on; a
+    compressed one cannot be skipped (the compression context would break): after the same error
+    frame, the connection is closed with 1009."""
     with serve(counter_app(max_message_size_mb=0.01)) as server:
         async with connect(ws_url(server), max_size=None) as ws:
             await ask(ws, {"type": "reset"})
             reply = await ask(ws, {"type": "step", "data": {"delta": 1, "metadata": {"blob": "x" * 20_000}}})
             assert reply["data"]["code"] == "MESSAGE_TOO_LARGE"
             assert reply["data"]["limit"] == int(0.01 * 1024 * 1024)
-            assert (await ask(ws, {"type": "step", "data": {"delta": 1}}))["data"]["observation"]["value"] == 1
+            if compression_offer is None:
+                assert (await ask(ws, {"type": "step", "data": {"delta": 1}}))["data"]["observation"]["value"] == 1
+            else:
+                with pytest.raises(ConnectionClosed) as closed:
+                    await ws.recv()
+                assert closed.value.rcvd.code == 1009
 
 
 async def test_close_frame_ends_the_session_and_frees_its_slot():

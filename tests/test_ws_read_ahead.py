@@ -72,7 +72,7 @@ class _Counting:
 
 
 def test_the_runners_serve_websockets_with_the_read_ahead_protocol(counter_server):
-    assert counter_server.server.config.ws_protocol_class is OpenEnvWebSocketProtocol
+    assert issubclass(counter_server.server.config.ws_protocol_class, OpenEnvWebSocketProtocol)
 
 
 async def test_request_response_traffic_never_pauses_reading(monkeypatch):

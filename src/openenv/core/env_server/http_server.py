@@ -39,6 +39,7 @@ from .exceptions import (
     StepTimeoutError,
 )
 from .interfaces import Environment
+from .limits import InFlightBudget, ServerLimits
 from .mcp_endpoint import SUPPORTED_PROTOCOL_VERSIONS, MCPDispatcher
 from .mcp_types import JsonRpcErrorCode, JsonRpcRequest, JsonRpcResponse, request_id_of
 from .serialization import (
@@ -133,7 +134,10 @@ class HTTPEnvServer:
     raised (``$OPENENV_ERROR_DETAILS``, when set, decides instead); by default only clients on
     this machine get it (see :mod:`openenv.core.env_server.error_details`). ``auth_token``
     (``$OPENENV_AUTH_TOKEN``, when set, instead) makes every request but ``GET /health`` require
-    ``Authorization: Bearer <token>`` (see :mod:`openenv.core.env_server.auth`).
+    ``Authorization: Bearer <token>`` (see :mod:`openenv.core.env_server.auth`). ``limits`` (default:
+    :meth:`ServerLimits.from_env`) bounds what clients may make the server hold (see
+    :mod:`openenv.core.env_server.limits`); ``max_message_size_mb``, when given, overrides its
+    ``max_message_mb``.
     """
 
     def __init__(
@@ -152,6 +156,7 @@ class HTTPEnvServer:
         worker_threads: Optional[int] = None,
         error_details: Optional[bool] = None,
         auth_token: Optional[str] = None,
+        limits: Optional[ServerLimits] = None,
     ) -> None:
         if isinstance(env, Environment) or not callable(env):
             raise TypeError(
@@ -175,16 +180,23 @@ class HTTPEnvServer:
         self.state_cls = state_cls
         self.env_name = env_name or getattr(env, "__name__", None) or type(env).__name__
         self.mode = ServerMode.SIMULATION
+        if limits is None:
+            limits = ServerLimits.from_env(max_message_mb=max_message_size_mb)
+        elif max_message_size_mb is not None:
+            limits = limits.replace(max_message_mb=max_message_size_mb)
+        self.limits = limits
+        """What clients may make this server hold (read by the runner and the transport too)."""
+        self.budget = InFlightBudget(limits.max_inflight_bytes)
+        """The bytes in flight of all clients together (large frames and request bodies)."""
         self.manager = SessionManager(
             env,
             max_sessions=concurrency_config.max_concurrent_envs,
             session_timeout_s=concurrency_config.session_timeout,
             step_timeout_s=step_timeout_s,
             worker_threads=worker_threads,
+            attached_idle_timeout_s=limits.session_idle_timeout_s or None,
         )
-        if max_message_size_mb is None:
-            max_message_size_mb = float(os.environ.get("OPENENV_MAX_MESSAGE_MB", DEFAULT_MAX_MESSAGE_MB))
-        self.max_message_chars = int(max_message_size_mb * 1024 * 1024)
+        self.max_message_chars = limits.max_message_bytes
         self.error_details = shown_errors.configured(error_details)
         self.auth_token = auth.configured(auth_token)
         self.manager.prepare = self.prepare_session
@@ -754,6 +766,7 @@ def create_fastapi_app(
     worker_threads: Optional[int] = None,
     error_details: Optional[bool] = None,
     auth_token: Optional[str] = None,
+    limits: Optional[ServerLimits] = None,
 ) -> FastAPI:
     """A FastAPI app serving ``env`` (see :class:`HTTPEnvServer`); ``mode`` defaults to ``$OPENENV_MODE``."""
     app = FastAPI(
@@ -783,6 +796,7 @@ def create_fastapi_app(
         worker_threads=worker_threads,
         error_details=error_details,
         auth_token=auth_token,
+        limits=limits,
     )
     server.register_routes(app, _resolve_mode(mode))
     app.state.openenv_server = server
@@ -810,11 +824,12 @@ def create_app(
     worker_threads: Optional[int] = None,
     error_details: Optional[bool] = None,
     auth_token: Optional[str] = None,
+    limits: Optional[ServerLimits] = None,
 ) -> FastAPI:
     """The app for an environment: what ``server/app.py`` of an environment package exports.
 
     Same signature as OpenEnv 0.10's ``create_app`` plus ``step_timeout_s``,
-    ``max_message_size_mb``, ``worker_threads``, ``error_details`` and ``auth_token`` (see
+    ``max_message_size_mb``, ``worker_threads``, ``error_details``, ``auth_token`` and ``limits`` (see
     :class:`HTTPEnvServer`). ``ENABLE_WEB_INTERFACE`` asks for the web
     playground, which this release does not ship: a warning says so and the API is served alone.
     """
@@ -835,4 +850,5 @@ def create_app(
         worker_threads=worker_threads,
         error_details=error_details,
         auth_token=auth_token,
+        limits=limits,
     )

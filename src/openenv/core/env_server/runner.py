@@ -1,10 +1,10 @@
 """Running an environment app with uvicorn: in the foreground, or on a background thread.
 
-``uvicorn`` enforces its own WebSocket frame limit before the app sees a frame (16 MiB by
-default), closing the connection with code 1009 beyond it. The runners here raise that hard limit
-to :data:`HARD_FRAME_LIMIT_MB`, so that frames between the app's own limit (``max_message_size_mb``,
-answered with a ``MESSAGE_TOO_LARGE`` error frame on a connection that stays open) and the hard
-limit are reported cleanly too.
+The runners apply the app's :class:`~.limits.ServerLimits` (those of an OpenEnv app, else the
+ones ``OPENENV_*`` sets) to the transport: uvicorn's WebSocket frame limit is the app's message
+limit, the WebSocket protocol of :mod:`.ws_protocol` refuses larger frames before buffering them
+and shares the app's budget of bytes in flight, and :mod:`._compat.uvicorn` guards each
+connection (the header timeout and the per-client connection cap).
 """
 
 from __future__ import annotations
@@ -14,9 +14,19 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Tuple
 
-HARD_FRAME_LIMIT_MB = 256
+from ._compat import uvicorn as guard
+from .limits import InFlightBudget, ServerLimits
+
+
+def _limits_of(app: Any) -> Tuple[ServerLimits, Optional[InFlightBudget]]:
+    server = getattr(getattr(app, "state", None), "openenv_server", None)
+    limits = getattr(server, "limits", None)
+    if isinstance(limits, ServerLimits):
+        return limits, getattr(server, "budget", None)
+    limits = ServerLimits.from_env()
+    return limits, InFlightBudget(limits.max_inflight_bytes)
 
 
 def uvicorn_config(
@@ -28,23 +38,47 @@ def uvicorn_config(
     **overrides: Any,
 ) -> Any:
     """A ``uvicorn.Config`` with OpenEnv's defaults (one worker, uvloop when installed, the
-    WebSocket protocol of :mod:`.ws_protocol`)."""
+    WebSocket protocol of :mod:`.ws_protocol`) and the app's limits (see the module docstring).
+    Its ``openenv_connections`` is the :class:`~._compat.uvicorn.ConnectionTable` of the guarded
+    connections (None when they are not guarded)."""
     import uvicorn
 
+    limits, budget = _limits_of(app)
     options: dict = dict(
         host=host,
         port=port,
         uds=uds,
         log_level=log_level,
-        ws_max_size=HARD_FRAME_LIMIT_MB * 1024 * 1024,
+        ws_max_size=limits.max_message_bytes,
         lifespan="on",
         timeout_graceful_shutdown=5,
     )
     ws = _ws_protocol()
     if ws is not None:
-        options["ws"] = ws
+        options["ws"] = ws.bound(limits, budget)
     options.update(overrides)
-    return uvicorn.Config(app, **options)
+    table = None
+    if (
+        guard.enabled()
+        and not options.get("reset_contextvars")
+        and not options.get("http2")
+        and not isinstance(app, str)
+        and (limits.header_timeout_s or limits.max_connections_per_client or limits.max_local_connections)
+    ):
+        table = guard.ConnectionTable(
+            limits.max_connections_per_client, limits.header_timeout_s, limits.max_local_connections
+        )
+        http = options.get("http", "auto")
+        if isinstance(http, str):
+            from uvicorn.config import HTTP_PROTOCOLS
+            from uvicorn.importer import import_from_string
+
+            http = import_from_string(HTTP_PROTOCOLS.get(http, http))
+        options["http"] = guard.guard_http(http, table)
+        app = guard.GuardedApp(app)
+    config = uvicorn.Config(app, **options)
+    config.openenv_connections = table  # type: ignore[attr-defined]
+    return config
 
 
 def _ws_protocol() -> Any:

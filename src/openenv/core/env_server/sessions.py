@@ -14,8 +14,11 @@ through one :class:`SessionManager`. It owns:
   next call waits for it (under the step timeout), so two calls never run on one instance;
 * **lifetime** — a session created by a socket lives as long as that socket; a session created over
   HTTP (``openenv/session/create``) lives until it is closed or has been idle, with no socket
-  attached, for ``session_timeout_s`` (default :data:`DEFAULT_DETACHED_SESSION_TIMEOUT_S`). The
-  reaper never touches a session a socket is attached to.
+  attached, for ``session_timeout_s`` (default :data:`DEFAULT_DETACHED_SESSION_TIMEOUT_S`). A
+  session with a socket attached that no call has used for ``attached_idle_timeout_s`` (the
+  server's ``OPENENV_SESSION_IDLE_TIMEOUT_S``) is closed too, so that idle connections cannot hold
+  every slot; its next call, and a later lookup of its id, raise an error that says why. No
+  session is reaped while a call runs on it.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import os
 import sys
 import time
 import uuid
+from collections import OrderedDict
 from enum import Enum
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Deque, Dict, FrozenSet, Optional, Set
 
@@ -58,6 +62,9 @@ DEFAULT_DETACHED_SESSION_TIMEOUT_S = 300.0
 """Idle seconds after which a session with no socket attached is closed, unless configured."""
 
 CLOSE_TIMEOUT_S = 30.0
+
+REMEMBERED_REAPED = 1024
+"""How many ids of sessions closed for idleness are remembered, to tell a late caller why."""
 
 TEMPORARY_WAIT_S = 30.0
 """How long a stateless HTTP call waits for one of the ``max_sessions`` slots for such calls
@@ -147,6 +154,7 @@ class Session:
 
     __slots__ = (
         "attached",
+        "close_reason",
         "close_requested",
         "created_at",
         "data",
@@ -173,6 +181,7 @@ class Session:
         self.step_count = 0
         self.attached = kind is SessionKind.SOCKET
         self.close_requested = False
+        self.close_reason: Optional[str] = None  # why the server closed it, for its next caller
         self.lock = SessionLock()
         self.inflight: Optional[Job] = None
         self.data: Dict[str, Any] = {}  # per-session scratch space for protocol adapters
@@ -288,6 +297,7 @@ class SessionManager:
         detached_session_timeout_s: Optional[float] = DEFAULT_DETACHED_SESSION_TIMEOUT_S,
         step_timeout_s: Optional[float] = None,
         worker_threads: Optional[int] = None,
+        attached_idle_timeout_s: Optional[float] = None,
     ) -> None:
         if not callable(factory):
             raise TypeError("factory must be callable")
@@ -298,6 +308,8 @@ class SessionManager:
         self.max_sessions = max_sessions
         self.session_timeout_s = session_timeout_s
         self.detached_session_timeout_s = detached_session_timeout_s
+        self.attached_idle_timeout_s = attached_idle_timeout_s or None
+        self._reaped: OrderedDict[str, str] = OrderedDict()  # id -> why it was closed
         self.step_timeout_s = step_timeout_s if step_timeout_s is not None else _timeout_from_env()
         self.env_cls = env_class_of(factory)
         if self.env_cls is not None:
@@ -335,7 +347,7 @@ class SessionManager:
         """
         session = self._sessions.get(session_id)
         if session is None:
-            raise SessionNotFoundError(session_id)
+            raise SessionNotFoundError(session_id, self._reaped.get(session_id))
         if session.state is SessionState.CREATING:
             raise SessionCreationError("initializing", f"Session {session_id} is still initializing; retry shortly")
         return session
@@ -714,7 +726,7 @@ class SessionManager:
     async def _env_for_call(self, session: Session, operation: str) -> Any:
         """The session's environment, ready for a call (the session's lock is held)."""
         if session.state is not SessionState.READY:
-            raise SessionClosedError(session.id, f"Session {session.id} is closed")
+            raise SessionClosedError(session.id, session.close_reason or f"Session {session.id} is closed")
         previous = session.inflight
         if previous is not None and not previous.done:
             # A call whose caller went away still runs on this environment: wait for it.
@@ -774,35 +786,49 @@ class SessionManager:
     # --- idle reaping and shutdown ----------------------------------------------------------
 
     def _idle_limit(self) -> Optional[float]:
+        """How long a session with no socket attached may stay idle (None: for ever)."""
         return self.session_timeout_s if self.session_timeout_s is not None else self.detached_session_timeout_s
 
     def _ensure_reaper(self) -> None:
-        limit = self._idle_limit()
-        if (self._reaper is None or self._reaper.done()) and limit is not None and not self._closed:
-            self._reaper = asyncio.get_running_loop().create_task(self._reap_forever(limit))
+        limits = [limit for limit in (self._idle_limit(), self.attached_idle_timeout_s) if limit is not None]
+        if (self._reaper is None or self._reaper.done()) and limits and not self._closed:
+            self._reaper = asyncio.get_running_loop().create_task(self._reap_forever(min(limits)))
 
-    async def _reap_forever(self, limit: float) -> None:
-        interval = max(0.05, min(limit / 4, 5.0))
+    async def _reap_forever(self, shortest: float) -> None:
+        interval = max(0.05, min(shortest / 4, 5.0))
         while True:
             await asyncio.sleep(interval)
-            await self.reap_idle(limit)
+            await self.reap_idle()
 
     async def reap_idle(self, limit: Optional[float] = None) -> int:
-        """Destroy sessions with no socket attached that have been idle longer than ``limit``."""
-        limit = self._idle_limit() if limit is None else limit
-        if limit is None:
-            return 0
-        deadline = time.time() - limit
-        idle = [
-            s
-            for s in self._sessions.values()
-            if s.state is SessionState.READY
-            and not s.attached
-            and not s.lock.locked()
-            and s.last_activity_at < deadline
-        ]
-        for session in idle:
-            logger.info("closing session %s after %.0f s idle", session.id, limit)
+        """Destroy sessions idle longer than their limit: ``limit`` (default: the detached limit)
+        for those with no socket attached, ``attached_idle_timeout_s`` for the others. A session
+        whose call still runs is left alone. Returns how many were closed."""
+        detached = self._idle_limit() if limit is None else limit
+        attached = self.attached_idle_timeout_s
+        now = time.time()
+        idle = []
+        for s in self._sessions.values():
+            if s.state is not SessionState.READY or s.lock.locked():
+                continue
+            bound = attached if s.attached else detached
+            if bound is not None and s.last_activity_at < now - bound:
+                idle.append((s, bound))
+        for session, bound in idle:
+            logger.info("closing session %s after %.0f s idle", session.id, bound)
+            if session.attached:
+                session.close_reason = (
+                    f"Session {session.id} was closed after {bound:g} s without a call (the server's "
+                    "idle timeout, OPENENV_SESSION_IDLE_TIMEOUT_S); open a new connection to start again"
+                )
+            else:
+                session.close_reason = (
+                    f"Session {session.id} was closed after {bound:g} s without a call or a socket attached "
+                    "(ConcurrencyConfig.session_timeout)"
+                )
+            self._reaped[session.id] = session.close_reason
+            while len(self._reaped) > REMEMBERED_REAPED:
+                self._reaped.popitem(last=False)
             await self.destroy(session)
         return len(idle)
 

@@ -166,8 +166,9 @@ class WSErrorCode(str, Enum):
     """Codes of ``{"type": "error"}`` frames.
 
     The first seven are OpenEnv 0.10's. ``TIMEOUT`` (a step ran past the server's step timeout),
-    ``MESSAGE_TOO_LARGE`` (a frame over the server's size limit) and ``UNSUPPORTED_FRAME`` (a
-    binary frame) are ours; a client that does not know them still sees an error frame.
+    ``MESSAGE_TOO_LARGE`` (a frame over the server's size limit), ``UNSUPPORTED_FRAME`` (a
+    binary frame) and ``SERVER_BUSY`` (the server's budget of bytes in flight is spent; the
+    connection is closed with 1013, retry later) are ours; a client that does not know them still sees an error frame.
     """
 
     INVALID_JSON = "INVALID_JSON"
@@ -180,6 +181,7 @@ class WSErrorCode(str, Enum):
     TIMEOUT = "TIMEOUT"
     MESSAGE_TOO_LARGE = "MESSAGE_TOO_LARGE"
     UNSUPPORTED_FRAME = "UNSUPPORTED_FRAME"
+    SERVER_BUSY = "SERVER_BUSY"
 
 
 class ConcurrencyConfig(BaseMessage):

@@ -30,6 +30,7 @@ from .exceptions import (
     SessionNotFoundError,
     StepTimeoutError,
 )
+from .limits import BUDGET_EXEMPT_BYTES
 from .mcp_types import JsonRpcErrorCode, JsonRpcRequest, JsonRpcResponse, WSMCPMessage, request_id_of
 from .serialization import (
     MAX_JSON_DEPTH,
@@ -180,9 +181,11 @@ class WSEndpoint:
             shown_errors.leave(shown)
 
     async def _bounded_body(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
-        """Read the request body (refusing it past the message limit, or nested too deeply) and
-        hand it to the app as one message."""
+        """Read the request body (refusing it past the message limit, past the server's budget of
+        bytes in flight, or nested too deeply) and hand it to the app as one message."""
         limit = self.server.max_message_chars
+        budget = self.server.budget
+        declared = -1
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:
@@ -192,21 +195,39 @@ class WSEndpoint:
                 if declared > limit:
                     await _too_large_reply(scope, send, limit)
                     return
-        chunks = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # the client left mid-body: nobody to answer
+        reserved = 0  # drawn from the budget for this body: all it declared, else as it arrives
+        if declared > 0:
+            if not budget.reserve(declared):
+                await _busy_reply(scope, send, budget.refusal())
                 return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                await _too_large_reply(scope, send, limit)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
+            reserved = declared
+        try:
+            chunks = []
+            size = 0
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":  # the client left mid-body: nobody to answer
+                    return
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    await _too_large_reply(scope, send, limit)
+                    return
+                if size - reserved >= BUDGET_EXEMPT_BYTES:
+                    if not budget.reserve(size - reserved):
+                        await _busy_reply(scope, send, budget.refusal())
+                        return
+                    reserved = size
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
+            body = b"".join(chunks)
+            del chunks
+            await self._checked_body(scope, receive, send, body)
+        finally:
+            budget.release(reserved)
+
+    async def _checked_body(self, scope: Dict[str, Any], receive: Any, send: Any, body: bytes) -> None:
         if body.count(b"{") + body.count(b"[") > MAX_JSON_DEPTH and _route_path(scope) not in _OWN_JSON_ROUTES:
             try:
                 parse_json(body)
@@ -230,6 +251,14 @@ class WSEndpoint:
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _OWN_JSON_ROUTES = frozenset({"/mcp"})  # answers in JSON-RPC, and parses (depth-checked) itself
+
+
+async def _busy_reply(scope: Dict[str, Any], send: Any, message: str) -> None:
+    if _route_path(scope) in _OWN_JSON_ROUTES:
+        error = JsonRpcResponse.error_response(JsonRpcErrorCode.SERVER_ERROR, message)
+        await _http_reply(send, 503, error.model_dump())
+    else:
+        await _http_error(send, 503, "SERVER_BUSY", message)
 
 
 async def _too_large_reply(scope: Dict[str, Any], send: Any, limit: int) -> None:
@@ -545,6 +574,12 @@ class WSConnection:
                 except Exception:
                     return
             self._replied_at = time.monotonic()
+            session = self.session
+            if session is not None and session.close_reason is not None:
+                # the server closed the session under this socket (it sat idle too long): the
+                # error frame just sent says why, and the connection has nothing left to serve
+                await self._close(1008)
+                return
 
     def _too_large(self, size: int) -> str:
         return error_frame(

@@ -9,7 +9,7 @@ left to websockets' own parser: these functions answer None for it.
 from __future__ import annotations
 
 import struct
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 from websockets.streams import StreamReader
 
@@ -37,6 +37,33 @@ def between_frames(conn: Any) -> bool:
         if getattr(generator, "gi_code", None) is _AT_EOF:
             return not conn.reader.buffer
     return False
+
+
+def frame_header(buf: bytes) -> Optional[Tuple[bool, int, int, int]]:
+    """``(fin, opcode, header_length, payload_length)`` of the WebSocket frame header at the start
+    of ``buf`` (RFC 6455 section 5.2; a mask key counts in the header), or None while ``buf``
+    holds less than the whole header."""
+    size = len(buf)
+    if size < 2:
+        return None
+    first, second = buf[0], buf[1]
+    length = second & 0x7F
+    header = 2
+    if length == 126:
+        if size < 4:
+            return None
+        length = (buf[2] << 8) | buf[3]
+        header = 4
+    elif length == 127:
+        if size < 10:
+            return None
+        length = int.from_bytes(buf[2:10], "big")
+        header = 10
+    if second & 0x80:
+        header += 4
+    if size < header:
+        return None
+    return bool(first & 0x80), first & 0x0F, header, length
 
 
 def text_frame(text: str) -> bytes:

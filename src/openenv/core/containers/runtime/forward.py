@@ -6,6 +6,11 @@ that socket: HTTP, WebSocket upgrades and everything after them pass through unt
 ``http://127.0.0.1:8000`` reaches the sandbox with any client. The target may change while it
 runs (``openenv serve --reload`` swaps in a restarted server): connections open at the time
 stay on the old server, new ones go to the new one.
+
+Behind the forwarder every client reaches the server from the same Unix socket, so the server
+cannot tell them apart: the forwarder applies the per-client connection cap itself
+(``max_per_client``, by default ``OPENENV_MAX_CONNECTIONS_PER_CLIENT``: 256) to each remote
+address; clients on this machine are not capped.
 """
 
 from __future__ import annotations
@@ -13,9 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Optional, Set, Tuple
+from typing import Dict, Optional, Set, Tuple
 
-from ...utils import within
+from ...utils import is_loopback_ip, within
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +31,15 @@ _UNAVAILABLE = (
 )
 
 
+def _too_many(address: str, cap: int) -> bytes:
+    body = (
+        f'{{"detail":"too many connections from {address} (the server allows {cap} per client address, '
+        f'OPENENV_MAX_CONNECTIONS_PER_CLIENT); close some and retry","code":"TOO_MANY_CONNECTIONS"}}'
+    ).encode()
+    head = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
+    return head + b"content-length: %d\r\n\r\n" % len(body) + body
+
+
 def _strip_unix(target: str) -> str:
     return target[len("unix://") :] if target.startswith("unix://") else target
 
@@ -33,10 +47,24 @@ def _strip_unix(target: str) -> str:
 class UnixForwarder:
     """Relay TCP connections on ``host:port`` to the Unix socket ``target`` (a path or ``unix://``)."""
 
-    def __init__(self, target: str, host: str = "127.0.0.1", port: int = 8000) -> None:
+    def __init__(
+        self,
+        target: str,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        max_per_client: Optional[int] = None,
+        cap_local: bool = False,
+    ) -> None:
         self.target = _strip_unix(target)
         self.host = host
         self.port = port
+        if max_per_client is None:
+            from ...env_server.limits import ServerLimits
+
+            max_per_client = ServerLimits.from_env().max_connections_per_client
+        self.max_per_client = max_per_client
+        self.cap_local = cap_local  # count this machine's clients too (tests)
+        self.open: Dict[str, int] = {}  # remote address -> connections open
         self._server: Optional[asyncio.AbstractServer] = None
         self._tasks: Set[asyncio.Task] = set()
 
@@ -72,6 +100,18 @@ class UnixForwarder:
     async def _accept(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        peer = client_writer.get_extra_info("peername")
+        address = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        if not self.cap_local and (is_loopback_ip(address) or not address):
+            address = ""  # this machine: not capped
+        elif self.max_per_client and self.open.get(address, 0) >= self.max_per_client:
+            with contextlib.suppress(OSError):
+                client_writer.write(_too_many(address, self.max_per_client))
+                await client_writer.drain()
+            client_writer.close()
+            return
+        if address:
+            self.open[address] = self.open.get(address, 0) + 1
         self._tasks.add(task)
         try:
             try:
@@ -95,6 +135,12 @@ class UnixForwarder:
         finally:
             client_writer.close()
             self._tasks.discard(task)
+            if address:
+                left = self.open.get(address, 0) - 1
+                if left > 0:
+                    self.open[address] = left
+                else:
+                    self.open.pop(address, None)
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
