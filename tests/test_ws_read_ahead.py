@@ -179,18 +179,13 @@ def test_a_large_frame_after_the_servers_close_does_not_stall_the_close_handshak
         assert time.monotonic() - started < 3
 
 
-def test_a_uvicorn_whose_protocol_works_otherwise_keeps_its_own_default(monkeypatch):
+def test_a_uvicorn_release_ci_does_not_test_keeps_its_own_default(monkeypatch):
+    import uvicorn
+
     from openenv.core.env_server.runner import uvicorn_config
 
-    assert ws_protocol.compatible()  # the installed uvicorn
+    assert ws_protocol.compatible()  # the installed uvicorn is a tested one
 
-    class Other:  # queues and reads without the state the read-ahead window relies on
-        def send_receive_event_to_app(self) -> None:
-            self.queue.put_nowait({"type": "websocket.receive"})
-
-        async def receive(self) -> dict:
-            return await self.queue.get()
-
-    monkeypatch.setattr(ws_protocol, "WebSocketsSansIOProtocol", Other)
+    monkeypatch.setattr(uvicorn, "__version__", "1.2.0")  # a future release, not yet tested
     assert not ws_protocol.compatible()
     assert uvicorn_config(object()).ws == "auto"

@@ -9,9 +9,7 @@ left to websockets' own parser: these functions answer None for it.
 from __future__ import annotations
 
 import struct
-from typing import Any, Optional, Tuple
-
-from websockets.streams import StreamReader
+from typing import Optional, Tuple
 
 try:
     from websockets.speedups import apply_mask
@@ -19,24 +17,6 @@ except ImportError:  # pragma: no cover - the C speed-up is not built for this p
     from websockets.utils import apply_mask
 
 _TEXT_FIN = 0x81  # FIN, no RSV bits, opcode 1 (text)
-_AT_EOF = StreamReader.at_eof.__code__
-
-
-def between_frames(conn: Any) -> bool:
-    """Whether websockets' parser of ``conn`` (a sans-I/O ``Protocol``) waits for the first byte
-    of a frame: no frame half read, no fragmented message under way. (An empty read buffer alone
-    does not say it: the parser takes a frame's header, mask and payload out of the buffer as
-    each arrives.) False for any parser state it cannot tell, such as another websockets'."""
-    if conn.current_size is not None:  # a fragmented message is under way
-        return False
-    generator = getattr(conn, "parser", None)
-    for _ in range(4):  # ServerProtocol.parse -> Protocol.parse -> StreamReader.at_eof
-        generator = getattr(generator, "gi_yieldfrom", None)
-        if generator is None:
-            return False
-        if getattr(generator, "gi_code", None) is _AT_EOF:
-            return not conn.reader.buffer
-    return False
 
 
 def frame_header(buf: bytes) -> Optional[Tuple[bool, int, int, int]]:
@@ -81,7 +61,7 @@ def client_text(data: bytes, max_chars: int, max_bytes: Optional[int] = None) ->
     """The text of ``data`` when it is exactly one complete, unfragmented, masked client text
     frame of at most ``max_chars`` characters (and ``max_bytes`` bytes of payload, websockets'
     ``max_size``); else None (websockets' parser reads it then). Read it only where
-    :func:`between_frames` holds."""
+    :func:`._compat.websockets.between_frames` holds."""
     size = len(data)
     if size < 6 or data[0] != _TEXT_FIN or not data[1] & 0x80:
         return None

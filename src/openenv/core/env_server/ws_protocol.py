@@ -39,8 +39,10 @@ from typing import TYPE_CHECKING, Any, Optional
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.protocol import State
 
+from ._compat import uvicorn as uvicorn_compat
+from ._compat.websockets import between_frames, parser_readable
 from .limits import BUDGET_EXEMPT_BYTES, InFlightBudget, ServerLimits
-from .ws_frames import between_frames, client_text, frame_header, text_frame
+from .ws_frames import client_text, frame_header, text_frame
 
 if TYPE_CHECKING:  # pragma: no cover
     from .ws_hot import HandBack, Lending
@@ -62,21 +64,11 @@ def _error_frame(code: str, message: str, **extra: Any) -> bytes:
     return text_frame(json.dumps({"type": "error", "data": data}))
 
 
-def _names(function: object) -> frozenset:
-    code = getattr(function, "__code__", None)
-    return frozenset(code.co_names) if code is not None else frozenset()
-
-
 def compatible() -> bool:
-    """Whether this uvicorn's protocol keeps the state the subclass below relies on: it queues a
-    message and pauses reading in ``send_receive_event_to_app`` (unless ``read_paused``, and not
-    past ``close_sent``), and ``receive`` resumes reading once the queue is empty."""
-    queueing = _names(getattr(WebSocketsSansIOProtocol, "send_receive_event_to_app", None))
-    receiving = _names(getattr(WebSocketsSansIOProtocol, "receive", None))
-    return {"frames", "read_paused", "close_sent", "pause_reading"} <= queueing and {
-        "read_paused",
-        "resume_reading",
-    } <= receiving
+    """Whether this uvicorn is a release CI tests the subclass below against (it relies on
+    ``send_receive_event_to_app`` queueing a message and pausing reading, and ``receive``
+    resuming it: see :func:`._compat.uvicorn.sansio_protocol_tested`)."""
+    return uvicorn_compat.sansio_protocol_tested()
 
 
 class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
@@ -152,7 +144,7 @@ class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
                         f"Message of {length} bytes exceeds the server's limit of {limit} (OPENENV_MAX_MESSAGE_MB)"
                     )
                     self.transport.write(_error_frame("MESSAGE_TOO_LARGE", message, limit=limit))
-                    if fin and opcode != 0 and not self._in_message and self._is_plain():
+                    if fin and opcode != 0 and not self._in_message and not self.conn.extensions:
                         self._skip = length  # dropped as it arrives: the connection goes on
                         continue
                     # Refused by websockets (1009) from its header on: pass it, and stop following.
@@ -245,14 +237,7 @@ class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
             if not self.handshake_complete or self.initial_response is not None:
                 return False
             conn = self.conn
-            plain = self._plain = (
-                not conn.extensions
-                and hasattr(conn.reader, "buffer")
-                and hasattr(conn, "current_size")
-                and hasattr(conn, "expect_continuation_frame")
-                and hasattr(conn, "max_message_size")
-                and hasattr(conn.parser, "gi_yieldfrom")
-            )
+            plain = self._plain = not conn.extensions and parser_readable(conn)
         return plain
 
     def data_received(self, data: bytes) -> None:

@@ -55,6 +55,24 @@ LOCAL = "local"
 """The address that loopback and Unix-socket peers share."""
 
 
+TESTED_UVICORN = ((0, 30), (1, 0))
+"""uvicorn releases CI tests OpenEnv's WebSocket protocol subclass and this guard against: from
+the first to before the second (``OPENENV_CONNECTION_GUARD=0`` and ``ws="websockets-sansio"``
+serve without either elsewhere)."""
+
+
+def sansio_protocol_tested() -> bool:
+    """Whether the installed uvicorn is in :data:`TESTED_UVICORN` and has the sans-I/O protocol."""
+    import uvicorn
+
+    try:
+        version = tuple(int(part) for part in uvicorn.__version__.split(".")[:2])
+    except ValueError:
+        return False
+    low, high = TESTED_UVICORN
+    return low <= version < high
+
+
 def enabled() -> bool:
     """Whether connections are guarded (``OPENENV_CONNECTION_GUARD`` is not ``0``)."""
     return os.environ.get("OPENENV_CONNECTION_GUARD", "1").strip() != "0"
