@@ -21,7 +21,9 @@ import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed
 
+from openenv.core.client_errors import ServerBusyError
 from openenv.core.env_server.limits import ServerLimits
+from openenv.core.generic_client import GenericEnvClient
 
 from ..conftest import connect, counter_app, serve, until
 
@@ -343,6 +345,10 @@ async def test_stalled_large_frames_past_the_budget_are_refused_and_free_their_s
                 with pytest.raises(ConnectionClosed) as closed:
                     await ws.recv()
                 assert closed.value.rcvd.code == 1013
+            # Our client names it.
+            async with GenericEnvClient(base_url=server.base_url) as client:
+                with pytest.raises(ServerBusyError, match="OPENENV_MAX_INFLIGHT_MB"):
+                    await client.reset(pad=" " * STALL)
         finally:
             for ws, _ in outcomes:
                 ws.transport.abort()

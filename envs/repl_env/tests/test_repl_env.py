@@ -25,6 +25,7 @@ from openenv.core.client_errors import ActionValidationError, ServerError
 from openenv.core.containers.runtime import SandboxProvider
 from openenv.core.containers.runtime.isolation import find_bwrap
 from openenv.core.generic_client import GenericEnvClient
+from openenv.testing import wait_for
 
 PACKAGE = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 2
@@ -67,17 +68,26 @@ def _processes_of_uid(uid: int) -> list:
     return found
 
 
+SANDBOX_UIDS = 1_000_000  # where the uids of sandboxes start (isolation.sandbox_uid)
+
+
+def _processes_from_uid(low: int) -> list:
+    """(pid, command line) of the processes that run as ``low`` or a higher uid."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            uid = int(Path(f"/proc/{pid}/status").read_text().split("\nUid:\t")[1].split()[0])
+            if uid >= low:
+                found.append(
+                    (pid, Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+                )
+        except (OSError, IndexError, ValueError):
+            continue
+    return sorted(found)
+
+
 def _workers(uid: int) -> list:
     return [p for p in _processes_of_uid(uid) if "repl_worker" in p[2]]
-
-
-def _wait_for(condition, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 # --- tasks and episodes --------------------------------------------------------------------------
@@ -257,32 +267,43 @@ async def test_two_sessions_at_once_are_independent(url: str) -> None:
 def test_closing_a_session_kills_its_worker(url: str) -> None:
     first = REPLEnv(base_url=url).sync()
     second = REPLEnv(base_url=url).sync()
+    uids: list = []
     try:
         first.reset(task_id="gcd")
         second.reset(task_id="gcd")
-        uid = int(first.execute("import os\nos.getuid()").observation.result.stdout)
-        assert int(second.execute("import os\nos.getuid()").observation.result.stdout) == uid
-        both = _workers(uid)
-        assert both, "the sessions' workers should be running"
+        for env in (first, second):
+            uids.append(int(env.execute("import os\nos.getuid()").observation.result.stdout))
+        if os.geteuid() == 0:  # the server's broker gives each worker a uid of its own
+            assert uids[0] != uids[1]
+
+        def workers() -> list:
+            return [p for uid in sorted(set(uids)) for p in _workers(uid)]
+
+        both = workers()
+        assert len(both) >= 2, "the sessions' workers should be running"
         first.close()
-        assert _wait_for(lambda: 0 < len(_workers(uid)) < len(both))
+        assert wait_for(lambda: 0 < len(workers()) < len(both))
+        if uids[0] != uids[1]:
+            assert not _workers(uids[0]) and _workers(uids[1])
         assert second.execute("print('still mine')").observation.result.stdout == "still mine\n"
     finally:
         first.close()
         second.close()
-    assert _wait_for(lambda: not _workers(uid))
-    assert not [p for p in _processes_of_uid(uid) if p[1] == "Z"]  # no zombie left either
+    assert wait_for(lambda: not any(_workers(uid) for uid in uids))
+    assert not [p for uid in uids for p in _processes_of_uid(uid) if p[1] == "Z"]  # no zombie left either
 
 
 def test_resets_leave_no_process_behind(env) -> None:
     env.reset(task_id="gcd")
     uid = int(env.execute("import os\nos.getuid()").observation.result.stdout)
-    before = len(_processes_of_uid(uid))
+    # As root each worker runs as a uid of its own; else as the server's: count what runs as either.
+    low = min(uid, SANDBOX_UIDS)
+    before = _processes_from_uid(low)
     for _ in range(5):
         env.reset(task_id="gcd")
         env.execute("import subprocess\nsubprocess.Popen(['sleep', '60'])")
     env.reset(task_id="gcd")  # the last sleep's worker goes too
-    assert _wait_for(lambda: len(_processes_of_uid(uid)) == before), _processes_of_uid(uid)
+    assert wait_for(lambda: len(_processes_from_uid(low)) == len(before)), (before, _processes_from_uid(low))
 
 
 # --- a random agent ------------------------------------------------------------------------------

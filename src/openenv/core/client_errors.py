@@ -61,6 +61,13 @@ class CapacityReachedError(ServerError):
     code = "CAPACITY_REACHED"
 
 
+class ServerBusyError(ServerError):
+    """The server's budget of bytes in flight (``OPENENV_MAX_INFLIGHT_MB``) was spent when a large
+    message arrived: nothing of it ran; send it again later (the WebSocket was closed, 1013)."""
+
+    code = "SERVER_BUSY"
+
+
 class EnvironmentFactoryFailedError(ServerError):
     code = "FACTORY_ERROR"
 
@@ -83,6 +90,7 @@ _BY_CODE: Dict[str, Type[ServerError]] = {
     "VALIDATION_ERROR": ActionValidationError,
     "EXECUTION_ERROR": EnvironmentExecutionError,
     "CAPACITY_REACHED": CapacityReachedError,
+    "SERVER_BUSY": ServerBusyError,
     "FACTORY_ERROR": EnvironmentFactoryFailedError,
     "SESSION_ERROR": SessionError,
     "TIMEOUT": StepTimeoutError,

@@ -14,6 +14,22 @@ escape would reach on the host, run the attack through the environment, and chec
     assert not listener.accepted
 """
 
-from .escape import HostListener, PlantedSecret, host_listener, planted_secret
+from .escape import (
+    HostListener,
+    PlantedSecret,
+    host_listener,
+    planted_secret,
+    processes_added,
+    processes_per_uid,
+    wait_for,
+)
 
-__all__ = ["HostListener", "PlantedSecret", "host_listener", "planted_secret"]
+__all__ = [
+    "HostListener",
+    "PlantedSecret",
+    "host_listener",
+    "planted_secret",
+    "processes_added",
+    "processes_per_uid",
+    "wait_for",
+]

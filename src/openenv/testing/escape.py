@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import os
 import socket
 import threading
+import time
 import uuid
 from pathlib import Path
-from typing import Iterator, Optional, Union
+from typing import Callable, Dict, Iterator, Optional, Union
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,3 +96,38 @@ def host_listener(reply: bytes = b"pong", timeout_s: float = 5.0) -> Iterator[Ho
         yield listener
     finally:
         listener.close()
+
+
+def processes_per_uid() -> collections.Counter[int]:
+    """How many of this machine's processes run as each uid (as this process's ``/proc`` shows them).
+
+    A sandboxed run has a uid of its own when OpenEnv runs as root (and the server's, in a user
+    namespace, otherwise): compare two counts with :func:`processes_added` to see what a run
+    started and what it left behind, whichever uid it had."""
+    counts: collections.Counter = collections.Counter()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("Uid:"):
+                counts[int(line.split()[1])] += 1
+                break
+    return counts
+
+
+def processes_added(before: collections.Counter[int], now: Optional[collections.Counter[int]] = None) -> Dict[int, int]:
+    """uid -> processes more than in ``before``, for unprivileged uids (1000 and up) that grew."""
+    now = processes_per_uid() if now is None else now
+    return {uid: now[uid] - before[uid] for uid in now if uid >= 1000 and now[uid] > before[uid]}
+
+
+def wait_for(condition: Callable[[], object], timeout_s: float = 10.0, interval_s: float = 0.05) -> bool:
+    """Whether ``condition()`` holds within ``timeout_s`` (checked every ``interval_s``, and once at the end)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval_s)
+    return bool(condition())

@@ -139,7 +139,7 @@ def _exec(config: Dict[str, Any], keep: set) -> None:
     for signum in (signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(signum, signal.SIG_DFL)  # Python ignores them; the program must not inherit that
     argv = config["argv"]
-    os.execve(argv[0], argv, dict(os.environ))
+    os.execve(argv[0], argv, config["env"])
 
 
 def launch(config: Dict[str, Any], status_fd: int, tree: bytes) -> None:

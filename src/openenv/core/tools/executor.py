@@ -49,6 +49,7 @@ from openenv.core.containers.runtime import seccomp
 from openenv.core.containers.runtime.isolation import (
     BwrapCommand,
     Cgroup,
+    CgroupRoots,
     IsolationError,
     Limits,
     cgroup_roots,
@@ -231,7 +232,12 @@ def _interpreter(python: str, packages: Tuple[str, ...]) -> _Interpreter:
     )
 
 
-def _show_interpreter(cmd: BwrapCommand, interpreter: _Interpreter, import_paths: Sequence[str]) -> List[str]:
+def _show_interpreter(
+    cmd: BwrapCommand,
+    interpreter: _Interpreter,
+    import_paths: Sequence[str],
+    import_fds: Sequence[Tuple[int, str]] = (),
+) -> List[str]:
     """Bind the interpreter's standard library (read-only), hide its site directories, put each
     package under :data:`SITE`; the ``PYTHONPATH`` entries that make them importable."""
     from openenv.core.containers.runtime.isolation import SYSTEM_DIRS
@@ -265,6 +271,9 @@ def _show_interpreter(cmd: BwrapCommand, interpreter: _Interpreter, import_paths
             raise ValueError(f"import path {path!r} is not a directory")
         cmd.ro_bind(real)
         pythonpath.append(real)
+    for fd, path in import_fds:  # opened by whoever asked (a server, through the broker): bound as is
+        cmd.ro_bind_fd(fd, path)
+        pythonpath.append(path)
     return pythonpath
 
 
@@ -303,6 +312,7 @@ class _Spec:
     packages: Tuple[str, ...] = ()  # importable in the sandbox besides the standard library
     import_paths: Tuple[str, ...] = ()
     tree: Optional[bytes] = None  # a packed work directory (_tree): the launcher's tree mode
+    import_fds: Tuple[Tuple[int, str], ...] = ()  # (open directory, where) bound read-only: the broker's
     tree_timeout_s: float = 0.0  # the program's own timeout in tree mode
     max_tree_bytes: int = 0
     max_tree_entries: int = 100_000
@@ -316,8 +326,19 @@ def _keyctl_number() -> Optional[int]:
         return None
 
 
+_AUTO = object()
+_cgroup_parent: Any = _AUTO  # where per-sandbox cgroups go: found from /proc/self/cgroup unless set
+
+
+def set_cgroup_parent(roots: Optional[CgroupRoots]) -> None:
+    """Make per-sandbox cgroups under ``roots`` (None: none at all) instead of this process's own
+    cgroups (the broker, whose cgroups are its server's)."""
+    global _cgroup_parent
+    _cgroup_parent = roots
+
+
 def _make_cgroup(limits: Limits) -> Optional[Cgroup]:
-    roots = cgroup_roots()
+    roots = cgroup_roots() if _cgroup_parent is _AUTO else _cgroup_parent
     if roots is None:
         return None
     memory = limits.memory_mb * _MIB if limits.memory_mb is not None else None
@@ -403,7 +424,7 @@ class _Sandbox:
             script_bytes = len(spec.script.encode()) if spec.script else 0
             cmd = BwrapCommand(bwrap, network=spec.network, tmp_size_mb=spec.limits.tmp_size_mb)
             cmd.tmpfs(CONTROL, size_mb=script_bytes // _MIB + 1, perms="0755")
-            pythonpath = _show_interpreter(cmd, interpreter, spec.import_paths)
+            pythonpath = _show_interpreter(cmd, interpreter, spec.import_paths, spec.import_fds)
             launcher, worker = f"{CONTROL}/launcher.py", f"{CONTROL}/repl_worker.py"
             cmd.ro_bind(_LAUNCHER, launcher).ro_bind(_TREE, f"{CONTROL}/_tree.py").ro_bind(_REPL_WORKER, worker)
             cmd.tmpfs(WORKSPACE, size_mb=spec.limits.tmp_size_mb, perms="0755")
@@ -426,6 +447,7 @@ class _Sandbox:
             argv = [python, "-I", "-S", launcher, str(config_r), str(status_w)]
             cwd = workspace
         names = {"python": python, "control": control, "worker": worker, "request": request_r, "reply": reply_w}
+        home = {} if sandboxed else {"HOME": workspace}  # not the host's /tmp
         config = {
             "control": control,
             "workspace": workspace,
@@ -438,6 +460,7 @@ class _Sandbox:
             "keep_fds": keep_fds,
             "argv": [part.format(**names) for part in spec.argv],
             "keyctl": _keyctl_number(),
+            "env": sandbox_environment({"PYTHONPATH": ":".join([workspace, *pythonpath]), **home, **spec.env}),
         }
         if spec.tree is not None:
             config.update(
@@ -448,17 +471,17 @@ class _Sandbox:
                 max_tree_bytes=spec.max_tree_bytes,
                 max_tree_entries=spec.max_tree_entries,
             )
-        home = {} if sandboxed else {"HOME": workspace}  # not the host's /tmp
-        env = sandbox_environment({"PYTHONPATH": ":".join([workspace, *pythonpath]), **home, **spec.env})
         try:
             self.proc = _popen(
                 argv,
                 stdin=subprocess.PIPE if spec.stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                pass_fds=child_fds,
+                pass_fds=[*child_fds, *(fd for fd, _path in spec.import_fds)],
                 start_new_session=True,
-                env=env,
+                # The code's own variables travel in its configuration: bwrap (root, perhaps)
+                # and the launcher start with nothing of the caller's (no LD_PRELOAD, say).
+                env=sandbox_environment(),
                 cwd=cwd,
             )
             self._close_fds(child_fds)
@@ -499,6 +522,15 @@ class _Sandbox:
     def stdout(self) -> int:
         assert self.proc is not None and self.proc.stdout is not None
         return self.proc.stdout.fileno()
+
+    @property
+    def stdin(self) -> int:
+        assert self.proc is not None and self.proc.stdin is not None
+        return self.proc.stdin.fileno()
+
+    def close_stdin(self) -> None:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.close()
 
     @property
     def stderr(self) -> int:
@@ -588,16 +620,7 @@ class _Sandbox:
     def launch_error(self) -> Optional[str]:
         """Why the code could not be started, or None if it was (ask only once the process ended)."""
         assert self.status_r is not None
-        os.set_blocking(self.status_r, False)
-        try:
-            status = os.read(self.status_r, 8192)
-        except BlockingIOError:
-            status = b""
-        if status == b"L":
-            return None
-        if status.startswith(b"L"):
-            return status[1:].decode(errors="replace")
-        return "the launcher did not run"
+        return launch_error(self.status_r)
 
     def close(self) -> None:
         """Release pipes, cgroup and scratch directory (after :meth:`kill`)."""
@@ -629,6 +652,20 @@ class _Sandbox:
             self.scratch = None
 
 
+def launch_error(status_r: int) -> Optional[str]:
+    """What the launcher said on its status pipe: None if it started the program, else why not."""
+    os.set_blocking(status_r, False)
+    try:
+        status = os.read(status_r, 8192)
+    except BlockingIOError:
+        status = b""
+    if status == b"L":
+        return None
+    if status.startswith(b"L"):
+        return status[1:].decode(errors="replace")
+    return "the launcher did not run"
+
+
 def _signal(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGKILL)
@@ -648,6 +685,17 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
+
+
+def new_sandbox(spec: _Spec) -> Any:
+    """Start ``spec``: here, or, in a sandboxed server that has one, through its broker (the
+    server has no privilege, and may not make the namespaces a sandbox needs itself)."""
+    if spec.isolation == "sandbox" and not privileged():
+        from . import broker
+
+        if broker.available():
+            return broker.BrokeredSandbox(spec)
+    return _Sandbox(spec)
 
 
 # --- moving bytes ------------------------------------------------------------------------------
@@ -751,7 +799,7 @@ def _execute(
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be positive, not {timeout_s}")
     started = time.monotonic()
-    sandbox = _Sandbox(replace(spec, stdin=stdin is not None))
+    sandbox = new_sandbox(replace(spec, stdin=stdin is not None))
     streams = _Streams(sandbox)
     try:
         stdout, stderr = _Output("stdout", max_output_bytes), _Output("stderr", max_output_bytes)
@@ -761,9 +809,8 @@ def _execute(
         if sandbox.result_r is not None:
             streams.read(sandbox.result_r, result.feed)
         if stdin is not None:
-            assert sandbox.proc is not None and sandbox.proc.stdin is not None
             data = stdin.encode() if isinstance(stdin, str) else stdin
-            streams.write(sandbox.proc.stdin.fileno(), data, on_done=sandbox.proc.stdin.close)
+            streams.write(sandbox.stdin, data, on_done=sandbox.close_stdin)
         finished = streams.run(started + timeout_s, lambda: sandbox.exited)
         # The main process is done (or out of time): nothing it started may outlive it.
         sandbox.kill()

@@ -34,6 +34,7 @@ from .executor import (
     _Spec,
     _Streams,
     _timeout_note,
+    new_sandbox,
 )
 
 REPL_LIMITS = replace(CODE_LIMITS, cpu_seconds=None)
@@ -139,7 +140,7 @@ class PythonREPL:
         return self._sandbox is not None
 
     def _start(self) -> None:
-        sandbox = _Sandbox(self._spec)
+        sandbox = new_sandbox(self._spec)
         streams = _Streams(sandbox)
         self._sandbox, self._streams = sandbox, streams
         self._finalizer = weakref.finalize(self, _shutdown, sandbox, streams)

@@ -98,3 +98,26 @@ def all_probes() -> Dict[str, str]:
         "open_by_handle_at": open_by_handle(),
         "userns": new_user_namespace(),
     }
+
+
+def brokered(code: str, spec_limits=None, **overrides):
+    """Run ``code`` through this server's sandbox broker with the description forged by ``overrides``
+    (any field, extra ones included): what the code printed and its exit code, or the refusal."""
+    from openenv.core.tools import broker, executor
+
+    spec = executor._Spec(
+        argv=["{python}", "{control}/main.py"],
+        isolation="sandbox",
+        limits=spec_limits or executor.CODE_LIMITS,
+        script=code,
+        script_name="main.py",
+    )
+    honest = broker._describe
+    broker._describe = lambda s: {**honest(s), **overrides}
+    try:
+        result = executor._execute(spec, stdin=None, timeout_s=20, max_output_bytes=65536)[0]
+        return {"stdout": result.stdout, "stderr": result.stderr, "exit_code": result.exit_code}
+    except Exception as exc:
+        return {"refused": f"{type(exc).__name__}: {exc}"}
+    finally:
+        broker._describe = honest

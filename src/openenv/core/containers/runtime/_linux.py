@@ -46,6 +46,24 @@ def unshare(flags: int) -> None:
     _check(_libc.unshare(flags), "unshare")
 
 
+def setns(fd: int, nstype: int) -> None:
+    _check(_libc.setns(fd, nstype), "setns")
+
+
+def open_pid_namespace() -> int:
+    """This process's pid namespace, to go back to with :func:`children_in` after unsharing one."""
+    return os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+
+
+def children_in(pid_namespace_fd: int) -> None:
+    """Start children (and threads: the kernel refuses a thread to a process whose children go to
+    another pid namespace) in the pid namespace ``pid_namespace_fd`` again; closes it."""
+    try:
+        setns(pid_namespace_fd, CLONE_NEWPID)
+    finally:
+        os.close(pid_namespace_fd)
+
+
 def mount(source: str, target: str, fstype: Optional[str], flags: int, data: Optional[str] = None) -> None:
     _check(
         _libc.mount(

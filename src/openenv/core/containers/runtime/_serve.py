@@ -19,6 +19,11 @@ capability, gets its limits, keyring and seccomp filter, and only then imports a
 package. No package code ever runs in the warden or with privileges, and each server starts from
 the warden's state, which holds nothing of any other server: the warden never reads a server's
 environment, log or traffic.
+
+In both modes, as root, the process that started the server stays behind as its sandbox broker
+(:mod:`openenv.core.tools.broker`): the server's code runs (``openenv.core.tools``) are started
+there, so that the server itself never needs user namespaces or mounts, and each run gets its own
+uid and, under the server's cgroup, a cgroup of its own.
 """
 
 from __future__ import annotations
@@ -39,12 +44,15 @@ from typing import Any, Dict, List, Optional
 from . import _linux
 from .isolation import Limits
 
+BROKER_FD_ENV = "OPENENV_SANDBOX_BROKER_FD"  # openenv.core.tools.broker's, not imported before it is needed
+
 # Framework modules the warden imports once, so that forked servers only import the package.
 PRELOAD = (
     "openenv.core.env_server.http_server",
     "openenv.core.env_server.mcp_environment",
     "openenv.core.env_server.runner",
     "openenv.core.containers.runtime.seccomp",
+    "openenv.core.tools.broker",
     "pyseccomp",
     "fastmcp",
     "fastmcp.server.context",
@@ -134,9 +142,11 @@ def single(config: Dict[str, Any]) -> None:
     _linux.die_with_parent()
     if os.getppid() == 1 and config.get("parent_pid") not in (None, 1):
         return  # the parent died before we could ask to die with it
+    limits = Limits(**config["limits"])
     if config.get("drop_to"):  # root inside a bwrap sandbox without a user namespace
-        _own_pid_namespace()
-    Limits(**config["limits"]).apply()
+        broker_fd = _own_pid_namespace(limits)
+        os.environ[BROKER_FD_ENV] = str(broker_fd)
+    limits.apply()
     os.umask(0o077)
     if config.get("drop_to"):
         uid, gid = config["drop_to"]
@@ -147,33 +157,43 @@ def single(config: Dict[str, Any]) -> None:
     _serve(app, config, config.get("ready_fd"))
 
 
-def _own_pid_namespace() -> None:
-    """Go on as pid 1 of a new pid namespace with a ``/proc`` of its own; this process waits for it.
+def _own_pid_namespace(limits: Limits) -> int:
+    """Go on as pid 1 of a new pid namespace with a ``/proc`` of its own; this process stays
+    behind, root, as its sandbox broker (:mod:`openenv.core.tools.broker`), until it exits.
 
     bubblewrap's ``/proc`` has read-only mounts over parts of it, and the kernel refuses a sandbox
     nested in ours (``openenv.core.tools`` running an agent's code) a ``/proc`` of its own while
     every ``/proc`` it could see is partly covered. Servers forked by the warden get a fresh one the
     same way. As pid 1, the server also inherits (and reaps) what its code sandboxes leave behind.
     """
+    own_pid_namespace = _linux.open_pid_namespace()
     _linux.unshare(_linux.CLONE_NEWNS | _linux.CLONE_NEWPID)
     _linux.make_mounts_private()
+    brokers, servers = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:
         _linux.die_with_parent()
-        _linux.mount_proc()
-        return
+        os.close(own_pid_namespace)
+        brokers.close()
+        _private_proc()
+        return servers.detach()
+    servers.close()
+    _linux.children_in(own_pid_namespace)  # the broker's sandboxes: not in the server's namespace
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda number, _frame: _forward(pid, number))
-    os._exit(_exit_code(pid))
+    from openenv.core.tools import broker
+
+    os._exit(broker.serve(brokers, pid, limits, None))
 
 
-def _exit_code(pid: int) -> int:
-    """Wait for the child ``pid`` and return its exit status as one byte (0 if already reaped)."""
-    try:
-        _, status = os.waitpid(pid, 0)  # retried by Python when a signal interrupts it
-    except ChildProcessError:
-        return 0
-    return os.waitstatus_to_exitcode(status) & 0xFF
+def _private_proc(hidden: Optional[List[str]] = None) -> None:
+    """A mount namespace of the server's own, with its pid namespace's ``/proc`` (its broker keeps
+    the ``/proc`` it sees itself by) and with ``hidden`` directories covered."""
+    _linux.unshare(_linux.CLONE_NEWNS)
+    _linux.make_mounts_private()
+    for path in hidden or []:
+        _linux.mount_tmpfs(path, mode="0000", size_mb=1)
+    _linux.mount_proc()
 
 
 # --- the warden ------------------------------------------------------------------------------------
@@ -311,6 +331,7 @@ class Warden:
         flags = _linux.CLONE_NEWNS | _linux.CLONE_NEWPID | _linux.CLONE_NEWIPC | _linux.CLONE_NEWUTS
         if not self.network:
             flags |= _linux.CLONE_NEWNET
+        own_pid_namespace = _linux.open_pid_namespace()
         _linux.unshare(flags)
         _linux.make_mounts_private()
         views = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in self.tmp_views]
@@ -319,34 +340,40 @@ class Warden:
             os.makedirs(path, 0o755, exist_ok=True)
             _linux.bind_mount_readonly(f"/proc/self/fd/{fd}", path)
             os.close(fd)
-        for path in self.cgroups:  # the other servers' cgroups
-            _linux.mount_tmpfs(path, mode="0000", size_mb=1)
+        brokers, servers = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
-                code = self._server(uid, gid, limits, fds)
+                os.close(own_pid_namespace)
+                brokers.close()
+                code = self._server(uid, gid, limits, fds, servers.detach())
             except BaseException as exc:
                 print(f"openenv sandbox: server {server_id} failed: {exc}", file=sys.stderr, flush=True)
             finally:
                 os._exit(code)
         for fd in fds:
             os.close(fd)
+        servers.close()
+        _linux.children_in(own_pid_namespace)  # the broker's sandboxes: not in the server's namespace
         signal.signal(signal.SIGTERM, lambda *_: _forward(pid, signal.SIGTERM))
-        _linux.close_fds((1, 2))
-        _linux.drop_privileges(uid, gid)  # it only waits for the server from here on
-        return _exit_code(pid)
+        _linux.close_fds((1, 2, brokers.fileno()))
+        # From here on this process is the server's broker: root, no package code, outside the
+        # server's pid and mount namespaces; the server's code runs reach it over `brokers`.
+        from openenv.core.tools import broker
 
-    def _server(self, uid: int, gid: int, limits: Limits, fds: List[int]) -> int:
+        return broker.serve(brokers, pid, limits, broker.cgroups_under(cgroups))
+
+    def _server(self, uid: int, gid: int, limits: Limits, fds: List[int], broker_fd: int) -> int:
         """The server: pid 1 of its namespaces, unprivileged, limited; the package is imported here."""
         listen_fd, log_fd, ready_fd, config_fd = fds
         _linux.die_with_parent()
-        _linux.mount_proc()
+        _private_proc(hidden=self.cgroups)  # every server's cgroups, its own included
         if not self.network:
             _linux.loopback_up()
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
-        _linux.close_fds((0, 1, 2, listen_fd, ready_fd, config_fd))
+        _linux.close_fds((0, 1, 2, listen_fd, ready_fd, config_fd, broker_fd))
         os.umask(0o077)
         _linux.drop_privileges(uid, gid)
         limits.apply()
@@ -355,6 +382,7 @@ class Warden:
         os.close(config_fd)
         os.environ.clear()
         os.environ.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", **env})
+        os.environ[BROKER_FD_ENV] = str(broker_fd)
         os.chdir("/tmp")
         gc.unfreeze()
         app = _import_app(self.app_path, self.project_dir)
@@ -386,16 +414,25 @@ class Warden:
     def _cleanup(self, server_id: str) -> None:
         for root in self.cgroups:
             path = os.path.join(root, server_id)
-            for _ in range(50):  # the cgroup empties as its last process is reaped
-                try:
-                    os.rmdir(path)
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError as exc:
-                    if exc.errno != errno.EBUSY:
-                        break
-                    time.sleep(0.01)
+            if os.path.isdir(path):  # runs its broker could not end (it was killed): theirs first
+                for entry in os.scandir(path):
+                    if entry.is_dir(follow_symlinks=False):
+                        _rmdir_when_empty(entry.path)
+            _rmdir_when_empty(path)
+
+
+def _rmdir_when_empty(path: str) -> None:
+    """Remove a cgroup directory, waiting a little for its last processes to be reaped."""
+    for _ in range(50):  # the cgroup empties as its last process is reaped
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:
+                return
+            time.sleep(0.01)
 
 
 def _read_bounded(fd: int, limit: int) -> bytes:

@@ -219,6 +219,14 @@ class BwrapCommand:
         self._dirs.add(dest)
         return self
 
+    def ro_bind_fd(self, fd: int, dest: str) -> BwrapCommand:
+        """Bind the directory open at ``fd`` (opened by whoever asked for it) read-only at ``dest``;
+        the caller keeps ``fd`` and must pass it to bwrap."""
+        self._parents(dest)
+        self.args += ["--ro-bind-fd", str(fd), dest]
+        self._dirs.add(dest)
+        return self
+
     def dir(self, path: str, perms: str = "0755") -> BwrapCommand:
         self._parents(path)
         self.args += ["--perms", perms, "--dir", path]

@@ -428,8 +428,10 @@ class SandboxProvider(RuntimeProvider):
         self.project_dir = str(manifest.path)
         self.app = app or manifest.app
         self.name = manifest.name
-        # A package that runs code in sandboxes of its own needs bubblewrap inside its server.
-        self.seccomp_profile = "nesting" if manifest.raw.get("nested_sandboxes") is True else "strict"
+        # A package that runs code in sandboxes of its own needs bubblewrap inside its server, unless
+        # the server has a broker to start them (as root): then it is denied namespaces like any other.
+        nesting = manifest.raw.get("nested_sandboxes") is True and not privileged()
+        self.seccomp_profile = "nesting" if nesting else "strict"
         self.python = python_command(python)
         if isolation == "sandbox":
             self.python = runtime_view(self.python).executable  # a real interpreter, not a shim
