@@ -113,11 +113,22 @@ def test_each_code_run_gets_a_cgroup_of_its_own_under_the_servers(warm):
         cgroups.append(run["stdout"].strip().split(":")[2])
     server = next(line for line in warm.value(_CGROUP).splitlines() if ":memory:" in line).split(":")[2]
     assert cgroups[0] != cgroups[1] and all("/openenv-tools-" in c and c != server for c in cgroups)
-    # Gone once their runs ended: no run's cgroup is left under any server's on the host.
+    # On the host, a run's cgroup lives under its server's while the run does, and goes with it.
     roots = cgroup_roots()
     assert roots is not None
-    left = [p for root in roots.dirs for p in Path(root).glob("openenv-*/*/openenv-tools-*")]
-    assert not left, left
+
+    def runs_cgroups() -> list:
+        return [p for root in roots.dirs for p in Path(root).glob("openenv-*/*/openenv-tools-*")]
+
+    assert not runs_cgroups()
+    warm.value(
+        "from openenv.core.tools import PythonREPL\nprobes.REPL = PythonREPL()\nresult = probes.REPL.execute('1').exit_code"
+    )
+    try:
+        assert len(runs_cgroups()) == len(roots.dirs)  # the REPL's worker: one per controller
+    finally:
+        warm.value("probes.REPL.close()")
+    assert not runs_cgroups()
 
 
 _HOG = """

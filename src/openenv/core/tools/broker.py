@@ -100,14 +100,6 @@ def _describe(spec: Any) -> Dict[str, Any]:
     return described
 
 
-def _close_all(fds: List[int]) -> None:
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-
-
 class BrokeredSandbox:
     """A sandbox the broker started for this server: the same interface as a local one (pipes,
     exit notice, ``kill``, ``returncode``, ``close``)."""
@@ -149,7 +141,7 @@ class BrokeredSandbox:
                 os.close(memfd)
                 theirs.close()
         finally:
-            _close_all(import_fds)
+            executor.close_all(import_fds)
         self.run_sock = mine
         self.exit_fd: Optional[int] = mine.fileno()
         try:
@@ -167,12 +159,12 @@ class BrokeredSandbox:
         self.run_sock.settimeout(None)
         reply = json.loads(data) if data else {"ok": False, "error": "the sandbox broker closed the run unanswered"}
         if not reply.get("ok"):
-            _close_all(fds)
+            executor.close_all(fds)
             error = reply.get("error", "no reason given")
             raise (RunRefused if reply.get("refused") else IsolationError)(error)
         names = reply["fds"]
         if len(names) != len(fds):
-            _close_all(fds)
+            executor.close_all(fds)
             raise IsolationError("the sandbox broker sent a malformed answer")
         for name, fd in zip(names, fds, strict=True):
             setattr(self, {"stdout": "_stdout", "stderr": "_stderr", "stdin": "_stdin"}.get(name, name), fd)
@@ -268,7 +260,7 @@ def _allowed_pythons() -> Dict[str, str]:
 class Broker:
     """Starts the sandboxes its server asks for, as described in the module's documentation."""
 
-    def __init__(self, sock: socket.socket, limits: Optional[Limits], cgroups: Optional[CgroupRoots]) -> None:
+    def __init__(self, sock: socket.socket, limits: Limits, cgroups: Optional[CgroupRoots]) -> None:
         self.sock = sock
         self.limits = limits
         self.pythons = _allowed_pythons()
@@ -305,18 +297,18 @@ class Broker:
         if not data and not fds:
             return False
         if data != b"run" or len(fds) < 2:
-            _close_all(fds)
+            executor.close_all(fds)
             return True
         memfd, run_fd, import_fds = fds[0], fds[1], fds[2:]
         try:
             run_sock = socket.socket(fileno=run_fd)
         except OSError:
-            _close_all(fds)
+            executor.close_all(fds)
             return True
         with self.lock:
             busy = len(self.runs) >= MAX_RUNS
         if busy:
-            _close_all([memfd, *import_fds])
+            executor.close_all([memfd, *import_fds])
             _answer(run_sock, {"ok": False, "refused": True, "error": f"this server already has {MAX_RUNS} runs going"})
             run_sock.close()
             return True
@@ -350,7 +342,7 @@ class Broker:
         if get.text("isolation") != "sandbox":
             raise RunRefused("a server's broker starts sandboxed runs only")
         limits = get.obj("limits")
-        ceiling = self.limits or Limits(None, None, None, None, None, 1 << 20)
+        ceiling = self.limits
         try:
             asked_limits = Limits(**{f.name: _Getter(limits).number(f.name, optional=True) for f in fields(Limits)})
         except TypeError as exc:
@@ -387,7 +379,7 @@ class Broker:
             python=self.python(asked.get("python")),
             script=get.text("script", optional=True),
             script_name=script_name,
-            files=executor._encode_files(_files(get.obj("files"))),
+            files=_files(get.obj("files")),
             env=_strings(get.obj("env"), "env"),
             stdin=get.flag("stdin"),
             channels=get.flag("channels"),
@@ -472,17 +464,13 @@ def _strings(mapping: Dict[str, Any], what: str) -> Dict[str, str]:
 
 
 def _files(mapping: Dict[str, Any]) -> Dict[str, Any]:
-    import base64
-
-    decoded: Dict[str, Any] = {}
+    """The run's files as sent (text, or ``{"b64": ...}``), names checked as the executor checks them."""
+    checked: Dict[str, Any] = {}
     for name, content in mapping.items():
-        if isinstance(content, dict) and isinstance(content.get("b64"), str):
-            decoded[name] = base64.b64decode(content["b64"])
-        elif isinstance(content, str):
-            decoded[name] = content
-        else:
+        if not (isinstance(content, str) or (isinstance(content, dict) and isinstance(content.get("b64"), str))):
             raise RunRefused(f"the content of file {name!r} is neither text nor base64")
-    return decoded
+        checked[executor.checked_file_name(name)] = content if isinstance(content, str) else {"b64": content["b64"]}
+    return checked
 
 
 def _answer(sock: socket.socket, message: Dict[str, Any], fds: Tuple[int, ...] = ()) -> bool:
@@ -530,7 +518,7 @@ class _Run(threading.Thread):
             _answer(self.run_sock, {"ok": False, "error": f"{exc}"})
             return
         finally:
-            _close_all([fd for fd in (self.memfd, *self.import_fds) if fd >= 0])
+            executor.close_all([fd for fd in (self.memfd, *self.import_fds) if fd >= 0])
             self.memfd, self.import_fds = -1, []
         with self.lock:
             self.sandbox = sandbox
@@ -603,7 +591,7 @@ def cgroups_under(server_cgroups: List[str]) -> Optional[CgroupRoots]:
     return CgroupRoots(1, memory=memory, pids=pids)
 
 
-def serve(sock: socket.socket, server_pid: int, limits: Optional[Limits], cgroups: Optional[CgroupRoots]) -> int:
+def serve(sock: socket.socket, server_pid: int, limits: Limits, cgroups: Optional[CgroupRoots]) -> int:
     """Be the broker of ``server_pid`` until it exits; its exit status."""
     return Broker(sock, limits, cgroups).serve(server_pid)
 

@@ -277,13 +277,19 @@ def _show_interpreter(
     return pythonpath
 
 
+def checked_file_name(name: str) -> str:
+    """``name``, normalised, if it is a relative path inside the working directory; else ValueError."""
+    path = PurePosixPath(name)
+    if not name or path.is_absolute() or ".." in path.parts or str(path) == ".":
+        raise ValueError(f"file name {name!r} must be a relative path inside the working directory")
+    return str(path)
+
+
 def _encode_files(files: Optional[Mapping[str, FileContent]]) -> Dict[str, Any]:
     """Check the names (relative, inside the working directory) and make the contents JSON-safe."""
     encoded: Dict[str, Any] = {}
     for name, content in (files or {}).items():
-        path = PurePosixPath(name)
-        if not name or path.is_absolute() or ".." in path.parts or str(path) == ".":
-            raise ValueError(f"file name {name!r} must be a relative path inside the working directory")
+        path = checked_file_name(name)
         if isinstance(content, bytes):
             encoded[str(path)] = {"b64": base64.b64encode(content).decode()}
         elif isinstance(content, str):
@@ -382,11 +388,7 @@ class _Sandbox:
 
     @staticmethod
     def _close_fds(fds: List[int]) -> None:
-        for fd in fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        close_all(fds)
         fds.clear()
 
     def _pipe(self, child_fds: List[int], child_reads: bool) -> tuple:
@@ -650,6 +652,15 @@ class _Sandbox:
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
             self.scratch = None
+
+
+def close_all(fds: Sequence[int]) -> None:
+    """Close each descriptor, ignoring those already closed."""
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def launch_error(status_r: int) -> Optional[str]:

@@ -41,10 +41,10 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
+from openenv.core.tools import broker
+
 from . import _linux
 from .isolation import Limits
-
-BROKER_FD_ENV = "OPENENV_SANDBOX_BROKER_FD"  # openenv.core.tools.broker's, not imported before it is needed
 
 # Framework modules the warden imports once, so that forked servers only import the package.
 PRELOAD = (
@@ -52,7 +52,6 @@ PRELOAD = (
     "openenv.core.env_server.mcp_environment",
     "openenv.core.env_server.runner",
     "openenv.core.containers.runtime.seccomp",
-    "openenv.core.tools.broker",
     "pyseccomp",
     "fastmcp",
     "fastmcp.server.context",
@@ -145,7 +144,7 @@ def single(config: Dict[str, Any]) -> None:
     limits = Limits(**config["limits"])
     if config.get("drop_to"):  # root inside a bwrap sandbox without a user namespace
         broker_fd = _own_pid_namespace(limits)
-        os.environ[BROKER_FD_ENV] = str(broker_fd)
+        os.environ[broker.BROKER_FD_ENV] = str(broker_fd)
     limits.apply()
     os.umask(0o077)
     if config.get("drop_to"):
@@ -181,8 +180,6 @@ def _own_pid_namespace(limits: Limits) -> int:
     _linux.children_in(own_pid_namespace)  # the broker's sandboxes: not in the server's namespace
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda number, _frame: _forward(pid, number))
-    from openenv.core.tools import broker
-
     os._exit(broker.serve(brokers, pid, limits, None))
 
 
@@ -360,8 +357,6 @@ class Warden:
         _linux.close_fds((1, 2, brokers.fileno()))
         # From here on this process is the server's broker: root, no package code, outside the
         # server's pid and mount namespaces; the server's code runs reach it over `brokers`.
-        from openenv.core.tools import broker
-
         return broker.serve(brokers, pid, limits, broker.cgroups_under(cgroups))
 
     def _server(self, uid: int, gid: int, limits: Limits, fds: List[int], broker_fd: int) -> int:
@@ -382,7 +377,7 @@ class Warden:
         os.close(config_fd)
         os.environ.clear()
         os.environ.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", **env})
-        os.environ[BROKER_FD_ENV] = str(broker_fd)
+        os.environ[broker.BROKER_FD_ENV] = str(broker_fd)
         os.chdir("/tmp")
         gc.unfreeze()
         app = _import_app(self.app_path, self.project_dir)
