@@ -1,6 +1,6 @@
 """The environments and apps the benchmarks serve, and the raw-websockets floor server.
 
-python bench/apps.py <name> <port>      # name: sync | async | echo | floor | floor-echo
+python bench/apps.py <name> <port>      # name: sync | loop | async | echo | floor | floor-echo
 """
 
 from __future__ import annotations
@@ -56,6 +56,12 @@ class TrivialEnv(Environment[PingAction, PingObservation, State]):
         return self._state
 
 
+class LoopTrivialEnv(TrivialEnv):
+    """The same sync environment, called on the server's event loop (it opted in)."""
+
+    RUNS_ON_EVENT_LOOP = True
+
+
 class AsyncTrivialEnv(TrivialEnv):
     """The same environment written async: it runs on the server's event loop."""
 
@@ -101,7 +107,7 @@ def make_app(name: str) -> Any:
         os.environ["MAX_CONCURRENT_ENVS"] = str(MAX_SESSIONS)
         from echo_env.server.app import app
     else:
-        env = {"sync": TrivialEnv, "async": AsyncTrivialEnv}[name]
+        env = {"sync": TrivialEnv, "loop": LoopTrivialEnv, "async": AsyncTrivialEnv}[name]
         app = create_app(env, PingAction, PingObservation, max_concurrent_envs=MAX_SESSIONS)
     assert isinstance(app, FastAPI)
 
@@ -124,7 +130,6 @@ def make_app(name: str) -> Any:
             "active": server.active_sessions,
             "stuck_workers": server.manager.pool.stuck,
             "threads": server.manager.pool.threads,
-            "lent_answers": server.lent_answers,
         }
 
     return app

@@ -6,10 +6,9 @@ same client, and reports both and their ratio. The client opens K connections to
 (reset and warmed up) and keeps them open while it measures the two in turns, back to back, in
 alternating order; a ratio is the median of the turns' own ratios (all of them are kept in the
 JSON), so that a shared machine's drift between turns cancels out. Server CPU is read from /proc for the server's
-process only, so the client's own cost does not count. "lent" is the share of our answers that a
-worker wrote on a lent connection (openenv.core.env_server.ws_hot) rather than the event loop.
+process only, so the client's own cost does not count.
 
-    python bench/bench_ws.py [--seconds 2] [--repeats 7] [--ks 1,32,512] [--cases sync,async,echo]
+    python bench/bench_ws.py [--seconds 2] [--repeats 7] [--ks 1,32,512] [--cases sync,loop,async,echo]
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 CASES = {
     "null": ("uvicorn+FastAPI only", "null", "floor", {"type": "step", "data": {"message": "hello"}}),
     "sync": ("trivial sync env", "sync", "floor", {"type": "step", "data": {"message": "hello"}}),
+    "loop": ("trivial sync env, on the loop", "loop", "floor", {"type": "step", "data": {"message": "hello"}}),
     "async": ("trivial async env", "async", "floor", {"type": "step", "data": {"message": "hello"}}),
     "echo": (
         "echo MCP tool call",
@@ -80,12 +80,6 @@ class Server:
     @property
     def url(self) -> str:
         return f"ws://127.0.0.1:{self.port}/ws"
-
-    def lent_answers(self) -> int:
-        """Answers workers wrote on lent connections (0 for servers that do not lend)."""
-        if self.name.startswith("floor") or self.name == "null":
-            return 0
-        return int(self.sessions()["lent_answers"])
 
     def sessions(self) -> Dict[str, Any]:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/_bench/sessions", timeout=5) as r:
@@ -150,14 +144,12 @@ class Clients:
                 if reply.startswith('{"type":"error"'):
                     raise RuntimeError(reply[:300])
 
-        lent_before = server.lent_answers()
         cpu_before = cpu_seconds(server.process.pid)
         began = time.perf_counter()
         stop_at = began + seconds
         await asyncio.gather(*(drive(ws) for ws in self.sockets))
         elapsed = time.perf_counter() - began
         cpu = cpu_seconds(server.process.pid) - cpu_before
-        lent = server.lent_answers() - lent_before
         latencies.sort()
         steps = len(latencies)
         return {
@@ -166,7 +158,6 @@ class Clients:
             "p99_ms": 1000 * latencies[min(steps - 1, int(steps * 0.99))],
             "cpu_us_per_step": 1e6 * cpu / steps,
             "steps": steps,
-            "lent_share": lent / steps,
         }
 
 
@@ -199,7 +190,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--ks", default="1,32,512")
-    parser.add_argument("--cases", default="sync,async,echo")
+    parser.add_argument("--cases", default="sync,loop,async,echo")
+    parser.add_argument("--out", default="ws.json", help="file name of the raw figures under bench/results")
     args = parser.parse_args()
     try:
         import uvloop
@@ -229,7 +221,6 @@ def main() -> int:
                     f"{label:<20} K={k:<4} floor {row['floor']['steps_per_s']:8.0f}/s {row['floor']['cpu_us_per_step']:6.1f} us | "
                     f"ours {row['ours']['steps_per_s']:8.0f}/s {row['ours']['cpu_us_per_step']:6.1f} us | "
                     f"throughput x{row['throughput_ratio']:.2f}  cpu x{row['cpu_ratio']:.2f}  "
-                    f"lent {100 * row['ours']['lent_share']:.0f}% "
                     f"(pairs: {row['throughput_ratio_range'][0]:.2f}-{row['throughput_ratio_range'][1]:.2f}, "
                     f"{row['cpu_ratio_range'][0]:.2f}-{row['cpu_ratio_range'][1]:.2f})",
                     flush=True,
@@ -242,24 +233,24 @@ def main() -> int:
             floor.stop()
     print_table(rows)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "ws.json").write_text(
+    (RESULTS / args.out).write_text(
         json.dumps({"machine": os.uname().nodename, "cpus": os.cpu_count(), "rows": rows}, indent=2)
     )
-    print(f"\nraw figures: {RESULTS / 'ws.json'}")
+    print(f"\nraw figures: {RESULTS / args.out}")
     return 0
 
 
 def print_table(rows: List[Dict[str, Any]]) -> None:
     print(
-        "\n| case | K | floor steps/s | ours steps/s | ratio | floor p50 / p99 ms | ours p50 / p99 ms | floor CPU us/step | ours CPU us/step | CPU ratio | lent |"
+        "\n| case | K | floor steps/s | ours steps/s | ratio | floor p50 / p99 ms | ours p50 / p99 ms | floor CPU us/step | ours CPU us/step | CPU ratio |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         f, o = r["floor"], r["ours"]
         print(
             f"| {r['case']} | {r['k']} | {f['steps_per_s']:.0f} | {o['steps_per_s']:.0f} | {r['throughput_ratio']:.2f} | "
             f"{f['p50_ms']:.2f} / {f['p99_ms']:.2f} | {o['p50_ms']:.2f} / {o['p99_ms']:.2f} | "
-            f"{f['cpu_us_per_step']:.1f} | {o['cpu_us_per_step']:.1f} | {r['cpu_ratio']:.2f} | {100 * o['lent_share']:.0f}% |"
+            f"{f['cpu_us_per_step']:.1f} | {o['cpu_us_per_step']:.1f} | {r['cpu_ratio']:.2f} |"
         )
 
 

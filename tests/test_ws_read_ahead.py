@@ -76,7 +76,6 @@ def test_the_runners_serve_websockets_with_the_read_ahead_protocol(counter_serve
 
 
 async def test_request_response_traffic_never_pauses_reading(monkeypatch):
-    monkeypatch.setenv("OPENENV_WS_LINGER_MS", "0")  # lending a connection pauses it (ws_hot)
     counter = PauseCounter(monkeypatch)
     with serve(counter_app()) as server:
         async with connect(ws_url(server)) as ws:

@@ -35,6 +35,7 @@ class Connect4Environment(Environment[Connect4Action, Connect4Observation, Conne
     """Connect Four, the agent against a built-in opponent; see the module docstring."""
 
     SUPPORTS_CONCURRENT_SESSIONS = True
+    RUNS_ON_EVENT_LOOP = True  # short pure-Python calls that never block: spare the thread hand-offs
 
     def __init__(self, opponent: Optional[str] = None) -> None:
         super().__init__()

@@ -103,6 +103,7 @@ class GridWorldEnvironment(Environment[GridWorldAction, GridWorldObservation, Gr
     the layout's parameters (defaults: 5, ``size**2//8``, ``size**2//12``, ``4 * size**2``)."""
 
     SUPPORTS_CONCURRENT_SESSIONS = True
+    RUNS_ON_EVENT_LOOP = True  # short pure-Python calls that never block: spare the thread hand-offs
 
     def __init__(self) -> None:
         super().__init__()

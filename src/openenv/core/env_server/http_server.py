@@ -27,7 +27,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
-from . import auth, ws_hot
+from . import auth
 from . import error_details as shown_errors
 from .exceptions import (
     EnvironmentCallError,
@@ -202,17 +202,8 @@ class HTTPEnvServer:
         self.manager.prepare = self.prepare_session
         self.mcp = MCPDispatcher(self.manager, action_cls, self.env_name)
         self.connection_watch = ConnectionWatch()
-        self.ws_linger_s = ws_hot.linger_from_env()
-        """How long a worker serving a lent ``/ws`` connection waits for the next step (see
-        :mod:`.ws_hot`; ``$OPENENV_WS_LINGER_MS``, 0: connections are never lent)."""
         self._metadata: Optional[EnvironmentMetadata] = None
         self._schema: Optional[Dict[str, Any]] = None
-
-    @property
-    def lent_answers(self) -> int:
-        """Step answers written by workers on lent ``/ws`` connections rather than by the event
-        loop (see :mod:`.ws_hot`), the lendings under way included."""
-        return self.connection_watch.lent_answers()
 
     # --- introspection (OpenEnv 0.10 API) ---------------------------------------------------
 

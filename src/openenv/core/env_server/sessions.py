@@ -35,7 +35,7 @@ import time
 import uuid
 from collections import OrderedDict
 from enum import Enum
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Deque, Dict, FrozenSet, Optional, Set
+from typing import Any, AsyncIterator, Awaitable, Callable, Deque, Dict, FrozenSet, Optional, Set
 
 import pydantic
 
@@ -52,9 +52,6 @@ from .exceptions import (
 )
 from .types import ServerCapacityStatus, SessionInfo
 from .workers import Job, WorkerPool
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .ws_hot import HandBack, Lending
 
 logger = logging.getLogger("openenv.server")
 
@@ -99,13 +96,11 @@ class SessionKind(str, Enum):
 class SessionLock:
     """Serialises the calls on one session (FIFO); acquiring it uncontended costs no await."""
 
-    __slots__ = ("_busy", "_waiters", "on_contended")
+    __slots__ = ("_busy", "_waiters")
 
     def __init__(self) -> None:
         self._busy = False
         self._waiters: Deque[asyncio.Future] = collections.deque()
-        self.on_contended: Optional[Callable[[], Any]] = None
-        """Called when a call starts waiting for the lock (a lent connection then yields)."""
 
     def locked(self) -> bool:
         return self._busy
@@ -121,8 +116,6 @@ class SessionLock:
             return None
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
-        if self.on_contended is not None:
-            self.on_contended()
         return waiter
 
     async def wait(self, waiter: asyncio.Future) -> None:
@@ -149,8 +142,7 @@ class SessionClosedError(SessionNotFoundError):
 
 
 class Session:
-    """One environment instance and its bookkeeping. Fields are only touched on the event loop,
-    but for :meth:`touch` by the worker serving a lent connection (under the session's lock)."""
+    """One environment instance and its bookkeeping. Fields are only touched on the event loop."""
 
     __slots__ = (
         "attached",
@@ -226,7 +218,7 @@ def _overrides(cls: type, name: str, base: type) -> bool:
 class EnvTraits:
     """How to call one environment class, worked out once per class."""
 
-    __slots__ = ("async_reset", "async_step", "mcp", "reset_kwargs", "step_kwargs")
+    __slots__ = ("async_reset", "async_step", "mcp", "on_loop", "reset_kwargs", "step_kwargs")
 
     def __init__(self, cls: type) -> None:
         from .interfaces import Environment
@@ -234,6 +226,8 @@ class EnvTraits:
         mcp_module = sys.modules.get(__package__ + ".mcp_environment")
         mcp_cls = getattr(mcp_module, "MCPEnvironment", None)
         self.mcp = mcp_cls is not None and issubclass(cls, mcp_cls)
+        self.on_loop = bool(getattr(cls, "RUNS_ON_EVENT_LOOP", False))
+        """The sync reset/step/state are called on the event loop (the class opted in)."""
         self.async_reset = _overrides(cls, "reset_async", Environment) and hasattr(cls, "reset_async")
         if self.mcp:  # MCP actions always run on the loop; others where _step_impl runs
             self.async_step = _overrides(cls, "step_async", mcp_cls) or inspect.iscoroutinefunction(
@@ -600,6 +594,7 @@ class SessionManager:
         sync_fn: Optional[Callable[[Any], Any]],
         async_fn: Optional[Callable[[Any], Any]] = None,
         step: bool = False,
+        inline: bool = False,
     ) -> Any:
         """Run ``async_fn(env)`` on the loop, or ``sync_fn(env)`` in the pool, under the session's
         lock and the step timeout; then mark the session active (``step`` counts a step)."""
@@ -611,7 +606,12 @@ class SessionManager:
         try:
             env = await self._env_for_call(session, operation)
             timeout = self.step_timeout_s
-            if async_fn is not None:
+            if inline:  # an environment that opted in (RUNS_ON_EVENT_LOOP): no timeout can apply
+                try:
+                    result = sync_fn(env)  # type: ignore[misc]
+                except (SystemExit, pydantic.ValidationError) as exc:  # as for async calls, below
+                    raise EnvironmentCallError(exc) from exc
+            elif async_fn is not None:
                 try:
                     if timeout is None:
                         result = await async_fn(env)
@@ -653,63 +653,6 @@ class SessionManager:
             lock.release()
             session.touch(step and ok)  # a failing call is activity too: the reaper must wait
         return result
-
-    async def call_lent(self, session: Session, lending: Lending) -> HandBack:
-        """Step the session's (sync) environment in the pool with its connection lent to the
-        worker (see :mod:`.ws_hot`), under the session's lock; the worker may answer any number
-        of steps before it hands the connection back, and counts those it answers on the session
-        itself, only while this call holds the lock (it ends the lending before letting go).
-
-        A step's exception is raised here, as :meth:`call` raises it. The step timeout applies to
-        a step once the loop has recalled the connection from it, which the server does for any
-        step that runs past ``WATCH_AFTER_S`` (so a timeout shorter than that can fire late:
-        the server does not lend a connection then)."""
-        lock = session.lock
-        waiter = lock.acquire()
-        if waiter is not None:
-            await lock.wait(waiter)
-        try:
-            env = await self._env_for_call(session, "step")
-            self._check_workers("step")
-            timeout = self.step_timeout_s
-            lending.session = session  # the worker counts the steps it runs
-            lending.step_started = time.monotonic()  # the step timeout counts from here, as in call()
-            job = self.pool.submit(lending.serve, env)
-            session.inflight = job
-            lock.on_contended = lending.ask_to_yield
-            if lock.contended():  # a call queued while this one waited for its environment
-                lending.ask_to_yield()
-            try:
-                await asyncio.wait((job.future, lending.taken_back), return_when=asyncio.FIRST_COMPLETED)
-                if not job.future.done():  # recalled from a long step: it is waited for as any other
-                    started = lending.step_started or time.monotonic()  # (0.0: it ended just now)
-                    if timeout is None:
-                        await job.future
-                    else:
-                        remaining = max(0.0, started + timeout - time.monotonic())
-                        await _with_timeout(job.future, remaining, "step", limit=timeout)
-                handback: HandBack = job.future.result()
-            except StepTimeoutError:
-                self._given_up(session, job, "step", timeout)
-                raise
-            except asyncio.CancelledError:
-                self._given_up(session, job, "step")
-                raise
-            session.inflight = None
-            outcome = handback.outcome
-            if outcome is not None and outcome[0]:  # a step whose answer is the loop's to send
-                session.touch(True)
-            if outcome is not None and not outcome[0]:
-                error = outcome[1]
-                if isinstance(error, pydantic.ValidationError):  # the environment's, not the client's input
-                    raise EnvironmentCallError(error) from error
-                raise error
-            return handback
-        finally:
-            lending.recall()  # before the lock goes: the worker leaves the session and socket alone
-            lock.on_contended = None
-            lock.release()
-            session.touch()
 
     def _given_up(self, session: Session, job: Job, operation: str, timeout: Optional[float] = None) -> None:
         """The caller of ``job`` stopped waiting: past the step ``timeout`` when one is given,
@@ -763,7 +706,7 @@ class SessionManager:
         kwargs = traits.filter(kwargs, traits.reset_kwargs)
         if traits.async_reset:
             return self.call(session, "reset", None, lambda env: env.reset_async(**kwargs))
-        return self.call(session, "reset", lambda env: env.reset(**kwargs))
+        return self.call(session, "reset", lambda env: env.reset(**kwargs), inline=traits.on_loop)
 
     def step(self, session: Session, action: Any, kwargs: Optional[Dict[str, Any]] = None) -> Awaitable[Any]:
         """Step the session's environment (kwargs filtered by its ``step`` signature)."""
@@ -771,17 +714,18 @@ class SessionManager:
         assert traits is not None
         if kwargs:
             kwargs = traits.filter(kwargs, traits.step_kwargs, _STEP_POSITIONAL)
-            if steps_on_loop(traits, action):
-                return self.call(session, "step", None, lambda env: env.step_async(action, **kwargs), step=True)
-            return self.call(session, "step", lambda env: env.step(action, **kwargs), step=True)
+        else:
+            kwargs = {}
         if steps_on_loop(traits, action):
-            return self.call(session, "step", None, lambda env: env.step_async(action), step=True)
-        return self.call(session, "step", lambda env: env.step(action), step=True)
+            return self.call(session, "step", None, lambda env: env.step_async(action, **kwargs), step=True)
+        return self.call(session, "step", lambda env: env.step(action, **kwargs), step=True, inline=traits.on_loop)
 
     async def state(self, session: Session) -> Any:
         # ``state`` is a plain property even on async environments and may block (read a file, ask
-        # a subprocess): it is read in the pool, under the step timeout, never on the loop.
-        return await self.call(session, "state", _read_state)
+        # a subprocess): it is read in the pool, under the step timeout, never on the loop, unless
+        # the environment opted in to RUNS_ON_EVENT_LOOP.
+        traits = session.traits
+        return await self.call(session, "state", _read_state, inline=traits is not None and traits.on_loop)
 
     # --- idle reaping and shutdown ----------------------------------------------------------
 

@@ -33,7 +33,6 @@ import itertools
 import logging
 import os
 import queue
-import select
 import sys
 import threading
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
@@ -255,71 +254,6 @@ class _Delivery:
             os.close(fd)
 
 
-class Waker:
-    """Lets a worker wait for a file descriptor while it stays wakeable from other threads: by
-    its pool, when a call waits for a thread, and by :meth:`wake`. One per worker thread."""
-
-    __slots__ = ("_lock", "_poller", "_read_fd", "_write_fd", "signalled")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()  # a wake-up's write against the thread's close
-        self._poller = select.poll()
-        self.signalled = False
-        fds = _wake_fds()
-        self._read_fd, self._write_fd = fds if fds is not None else (-1, -1)
-        if self._read_fd >= 0:
-            self._poller.register(self._read_fd, select.POLLIN)
-
-    def wake(self) -> None:
-        """End the worker's current (or next) :meth:`wait` early. Callable from any thread."""
-        self.signalled = True
-        with self._lock:
-            if self._write_fd >= 0:
-                try:
-                    os.write(self._write_fd, _WAKE)
-                except BlockingIOError:  # a wake-up is pending anyway
-                    pass
-
-    def reset(self) -> None:
-        """Forget wake-ups so far: call it before checking what a wake-up would tell (the next
-        :meth:`wait` then ends only for one that comes after)."""
-        if self.signalled:
-            self.signalled = False
-            self._drain()
-
-    def wait(self, fd: int, timeout_ms: int) -> bool:
-        """Wait up to ``timeout_ms`` for ``fd`` to be readable; False on a time-out, or at once
-        for a wake-up since the last :meth:`reset`."""
-        if self.signalled or fd < 0:
-            return False
-        poller = self._poller
-        poller.register(fd, select.POLLIN | select.POLLPRI)
-        try:
-            events = poller.poll(timeout_ms)
-        finally:
-            poller.unregister(fd)
-        readable = False
-        for ready, _ in events:
-            if ready == self._read_fd:
-                self.signalled = True  # so the next reset drains it, however wake() interleaved
-                return False
-            readable = True
-        return readable and not self.signalled
-
-    def _drain(self) -> None:
-        try:
-            os.read(self._read_fd, 512)
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        with self._lock:
-            read_fd, write_fd = self._read_fd, self._write_fd
-            self._read_fd = self._write_fd = -1
-        for fd in {read_fd, write_fd} - {-1}:
-            os.close(fd)
-
-
 def _batch_policy() -> None:
     """Run the calling thread under SCHED_BATCH where the OS offers it (see the module's text)."""
     if not hasattr(os, "SCHED_BATCH"):
@@ -361,8 +295,6 @@ class WorkerPool:
         self._spawned = 0
         self._closed = False
         self._deliveries: Dict[int, _Delivery] = {}
-        self._local = threading.local()  # each worker thread's Waker, once it lingers
-        self._lingering: List[Waker] = []  # wakers of workers in linger(), under self._lock
 
     @property
     def threads(self) -> int:
@@ -398,44 +330,10 @@ class WorkerPool:
         delivery.pending += 1
         self._inflight += 1
         self._queue.put(job)
-        # Another worker when the calls in flight outnumber the workers, within the bound; at the
-        # bound, a worker that lingers (see linger) gives way.
-        if self._inflight > self._threads:
-            if self._threads < self._allowed():
-                self._spawn()
-            elif self._lingering:
-                self._wake_lingerer()
+        # Another worker when the calls in flight outnumber the workers, within the bound.
+        if self._inflight > self._threads and self._threads < self._allowed():
+            self._spawn()
         return job
-
-    def thread_waker(self) -> Waker:
-        """The calling worker thread's :class:`Waker`."""
-        waker: Optional[Waker] = getattr(self._local, "waker", None)
-        if waker is None:
-            waker = self._local.waker = Waker()
-        return waker
-
-    def linger(self, fd: int, timeout_ms: int) -> bool:
-        """On a worker, between calls of a long one: wait up to ``timeout_ms`` for ``fd`` to be
-        readable. Returns False on a time-out, on a wake-up of the thread's :class:`Waker`
-        since its last reset, and at once or as soon as a submitted call would otherwise wait
-        for this thread."""
-        waker = self.thread_waker()
-        with self._lock:
-            self._lingering.append(waker)
-        try:
-            if not self._queue.empty():  # submitted before this thread was listed above
-                return False
-            return waker.wait(fd, timeout_ms)
-        finally:
-            with self._lock:
-                if waker in self._lingering:
-                    self._lingering.remove(waker)
-
-    def _wake_lingerer(self) -> None:
-        with self._lock:
-            waker = self._lingering.pop(0) if self._lingering else None
-        if waker is not None:
-            waker.wake()
 
     def _delivery(self, loop: asyncio.AbstractEventLoop) -> _Delivery:
         delivery = self._deliveries.get(id(loop))
@@ -486,15 +384,10 @@ class WorkerPool:
     def _work(self) -> None:
         if self.batch:
             _batch_policy()
-        try:
-            if not self._serve_queue():  # retired: its place was already given up
-                return
-            with self._lock:
-                self._threads -= 1
-        finally:
-            waker = getattr(self._local, "waker", None)
-            if waker is not None:
-                waker.close()
+        if not self._serve_queue():  # retired: its place was already given up
+            return
+        with self._lock:
+            self._threads -= 1
 
     def _serve_queue(self) -> bool:
         """Run calls until the pool stops (True) or this thread retires (False)."""

@@ -14,14 +14,12 @@ import asyncio
 import collections
 import json
 import logging
-import os
-import time
 import urllib.parse
 from typing import TYPE_CHECKING, Any, Deque, Dict, Optional, Set
 
 import pydantic
 
-from . import auth, ws_hot
+from . import auth
 from . import error_details as shown_errors
 from .exceptions import (
     EnvironmentFactoryError,
@@ -41,7 +39,7 @@ from .serialization import (
     parse_json,
     to_json_bytes,
 )
-from .sessions import Session, SessionClosedError, SessionKind, steps_on_loop
+from .sessions import Session, SessionClosedError, SessionKind
 from .types import ResetRequest, WSErrorCode, WSResetMessage, WSStateMessage, WSStepMessage
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -87,12 +85,7 @@ class _Close:
     pass
 
 
-class _Sent:
-    pass
-
-
 CLOSE = _Close()
-SENT = _Sent()  # the answer went out already: a worker wrote it on a lent connection
 
 
 class ConnectionWatch:
@@ -105,14 +98,6 @@ class ConnectionWatch:
     def __init__(self) -> None:
         self._connections: Set[WSConnection] = set()
         self._sweeper: Optional[asyncio.Task] = None
-        self.lent_answered = 0  # answers written by workers in lendings that have ended
-        self.last_active: Optional[WSConnection] = None
-        """The connection whose message the loop handled last (read by lending workers)."""
-
-    def lent_answers(self) -> int:
-        """Answers written by workers on lent connections, the lendings under way included."""
-        live = sum(c.lent.answered for c in list(self._connections) if c.lent is not None)
-        return self.lent_answered + live
 
     def register(self, connection: WSConnection) -> None:
         self._connections.add(connection)
@@ -121,34 +106,16 @@ class ConnectionWatch:
 
     def unregister(self, connection: WSConnection) -> None:
         self._connections.discard(connection)
-        if self.last_active is connection:
-            self.last_active = None
 
     async def _sweep(self) -> None:
         loop = asyncio.get_running_loop()
         while self._connections:
             await asyncio.sleep(WATCH_AFTER_S)
             late = loop.time() - WATCH_AFTER_S
-            late_step = time.monotonic() - WATCH_AFTER_S
             for connection in list(self._connections):
-                try:
-                    self._check(connection, late, late_step)
-                except Exception:  # one connection's fault must not stop the watch of the others
-                    logger.exception("watching a connection failed")
-
-    @staticmethod
-    def _check(connection: WSConnection, late: float, late_step: float) -> None:
-        lending = connection.lent
-        if lending is not None and not lending.ended:
-            # A worker serves this connection: recall it from a step that runs long, so that the
-            # watcher and the step timeout apply to that step as to any other.
-            started = lending.step_started
-            if started and started <= late_step and connection.recall():
-                connection.start_watcher()
-            return
-        since = connection.busy_since
-        if since is not None and since <= late:
-            connection.start_watcher()
+                since = connection.busy_since
+                if since is not None and since <= late:
+                    connection.start_watcher()
 
 
 class WSEndpoint:
@@ -305,12 +272,6 @@ class WSConnection:
         self.max_chars = server.max_message_chars
         self.action_cls = server.action_cls
         self.busy_since: Optional[float] = None  # loop time the current step began
-        self.lent: Optional[ws_hot.Lending] = None  # the connection's lending to a worker, if any
-        self._lender: Any = None  # the protocol, when this connection may be lent (see ws_hot)
-        self._lend_fd = -1
-        self._linger = server.ws_linger_s
-        self._replied_at = 0.0  # time.monotonic() when the last answer went out
-        self._follows_own = False  # the loop's previous message was this connection's too
         self._disconnected = False
         self._task: Optional[asyncio.Task] = None
         self._watcher: Optional[asyncio.Task] = None
@@ -330,7 +291,6 @@ class WSConnection:
         if session is None:
             return
         self.session = session
-        self._lender = self._lender_for(session)
         self._task = asyncio.current_task()
         watch = self.server.connection_watch
         watch.register(self)
@@ -351,95 +311,6 @@ class WSConnection:
         session, self.session = self.session, None
         if session is not None:
             await self.manager.detach(session)
-
-    # --- lending the connection to a worker (see ws_hot) ----------------------------------------
-
-    def _lender_for(self, session: Session) -> Any:
-        """The protocol, when this connection may be lent to workers at all, else None."""
-        timeout = self.manager.step_timeout_s
-        traits = session.traits
-        if (
-            self._linger <= 0
-            or not ws_hot.supported()
-            or traits is None
-            or traits.async_step
-            or (timeout is not None and timeout < 2 * WATCH_AFTER_S)  # recalled too late to time out
-        ):
-            return None
-        protocol = getattr(self.send, "__self__", None)
-        lendable_fd = getattr(protocol, "lendable_fd", None)
-        if lendable_fd is None:  # another server's protocol, or an in-process test client
-            return None
-        if getattr(self.receive, "__self__", None) is not protocol:  # a middleware sees each message
-            return None
-        self._lend_fd = lendable_fd()
-        return protocol if self._lend_fd >= 0 else None
-
-    def _lendable(self, action: Any) -> bool:
-        """Whether to lend the connection for this step: the client stepped back to back, the
-        action runs in a worker, nothing else is pending on the connection, and the server has
-        nothing else to do: no other connection's message came in since this one's last, and no
-        other call is in the pool. (With other work the loop is awake anyway, and a lending
-        worker would only contend with it for the GIL.)"""
-        session = self.session
-        return (
-            time.monotonic() - self._replied_at <= self._linger
-            and self._follows_own
-            and self.manager.pool.backlog == 0
-            and session is not None
-            and session.env is not None  # a rebuild, a lock to wait for, an earlier call still
-            and not session.lock.locked()  # running: each a wait, done the usual way (reading)
-            and (session.inflight is None or session.inflight.done)
-            and not self._backlog
-            and self._watcher is None
-            and not steps_on_loop(session.traits, action)  # type: ignore[arg-type]
-            and self._lender.can_lend()
-        )
-
-    async def _step_lent(self, action: Any) -> Any:
-        protocol = self._lender
-        try:
-            fd = os.dup(self._lend_fd)
-        except OSError:  # out of file descriptors, say: the loop serves the step as usual
-            observation = await self.manager.step(self.session, action)  # type: ignore[arg-type]
-            return observation_message_json(observation)
-        try:
-            lending = ws_hot.Lending(
-                protocol,
-                fd,
-                action,
-                self.action_cls,
-                self.max_chars,
-                self._linger,
-                self.session.traits,  # type: ignore[union-attr]
-                self.manager.pool,
-                self.server.connection_watch,
-                self,
-            )
-        except BaseException:
-            os.close(fd)
-            raise
-        protocol.lend(lending)
-        self.lent = lending
-        handback: Optional[ws_hot.HandBack] = None
-        try:
-            handback = await self.manager.call_lent(self.session, lending)  # type: ignore[arg-type]
-        finally:
-            lending.recall()  # a call interrupted (cancelled) leaves the worker no say any more
-            protocol.take_back(lending, handback)
-            self.server.connection_watch.lent_answered += lending.answered
-            self.lent = None
-        if handback.sent_at:
-            self._replied_at = handback.sent_at
-        outcome = handback.outcome
-        if outcome is None:
-            return SENT
-        return observation_message_json(outcome[1])
-
-    def recall(self) -> bool:
-        """Take the connection back from the worker it is lent to (see :meth:`ws_hot.Lending.recall`)."""
-        lending, self.lent = self.lent, None
-        return lending is not None and lending.recall()
 
     # --- noticing a client that leaves while a long step runs ---------------------------------
     #
@@ -528,7 +399,6 @@ class WSConnection:
     async def _process(self) -> None:
         send, receive, backlog = self.send, self.receive, self._backlog
         loop = asyncio.get_running_loop()
-        watch = self.server.connection_watch
         # Our protocol writes a text message at once where it can (see ws_protocol), sparing the
         # ASGI send's coroutine and websockets' framing.
         send_now = getattr(getattr(send, "__self__", None), "send_text_now", None)
@@ -544,8 +414,6 @@ class WSConnection:
                     return
             text = message.get("text")
             self.busy_since = loop.time()
-            self._follows_own = watch.last_active is self
-            watch.last_active = self
             try:
                 if text is not None:
                     reply: Any = await self.handle_text(text)
@@ -560,8 +428,6 @@ class WSConnection:
                 self.busy_since = None
             if self._watcher is not None:
                 await self._stop_watcher()
-            if reply is SENT:
-                continue
             if reply is CLOSE:
                 # Free the slot before the close frame goes out: a client that reconnects as soon as
                 # its close completes must find it free.
@@ -573,7 +439,6 @@ class WSConnection:
                     await send({"type": "websocket.send", "text": reply})
                 except Exception:
                     return
-            self._replied_at = time.monotonic()
             session = self.session
             if session is not None and session.close_reason is not None:
                 # the server closed the session under this socket (it sat idle too long): the
@@ -605,8 +470,6 @@ class WSConnection:
                 if message.keys() != WS_ENVELOPE_KEYS or not isinstance(data, dict):
                     return _envelope_error(WSStepMessage, message)
                 action = deserialize_action(data, self.action_cls)
-                if self._lender is not None and self._lendable(action):
-                    return await self._step_lent(action)
                 observation = await self.manager.step(self.session, action)  # type: ignore[arg-type]
                 return observation_message_json(observation)
             if kind == "reset":

@@ -9,10 +9,6 @@ or more) stops reading at once, as uvicorn does. Either way the messages of the
 read that was already under way are still queued (uvicorn does the same), so what waits unread by
 the app is at most the window plus one read, and TCP backpressure applies beyond it.
 
-It also lends its connection to a worker thread that serves a client stepping back to back, and
-takes it back (see :mod:`openenv.core.env_server.ws_hot`): everything uvicorn writes on its own
-(keepalive pings, shutdown) recalls the connection first.
-
 It enforces the server's limits on what a client may make it hold (see :mod:`.limits`; the
 runner binds them with :meth:`OpenEnvWebSocketProtocol.bound`): following the client's frames by
 their headers (:func:`.ws_frames.frame_header`), it refuses a frame declared larger than the
@@ -34,7 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.protocol import State
@@ -43,9 +39,6 @@ from ._compat import uvicorn as uvicorn_compat
 from ._compat.websockets import between_frames, parser_readable
 from .limits import BUDGET_EXEMPT_BYTES, InFlightBudget, ServerLimits
 from .ws_frames import client_text, frame_header, text_frame
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .ws_hot import HandBack, Lending
 
 READ_AHEAD_MESSAGES = 4
 """Messages that may wait for the app before the socket is no longer read."""
@@ -72,11 +65,7 @@ def compatible() -> bool:
 
 
 class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
-    """:class:`WebSocketsSansIOProtocol` that pauses reading only when messages pile up, and
-    lends its connection to a worker (see :mod:`.ws_hot`)."""
-
-    lent: Optional[Lending] = None
-    """The lending of this connection to a worker, while there is one."""
+    """:class:`WebSocketsSansIOProtocol` that pauses reading only when messages pile up."""
 
     _plain: Optional[bool] = None  # no WebSocket extension, a websockets we know: set once accepted
 
@@ -224,7 +213,6 @@ class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
         self._release_held()
-        self._recall()
         super().connection_lost(exc)
 
     # --- the common case without websockets' frame machinery ----------------------------------
@@ -245,8 +233,7 @@ class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
         # message) is queued as it is; anything else goes through websockets' parser.
         conn = self.conn
         if (
-            self.lent is None
-            and not self.close_sent
+            not self.close_sent
             and not self._head
             and not self._left
             and not self._skip
@@ -277,8 +264,7 @@ class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
         caller then awaits ``send`` as usual."""
         transport = self.transport
         if (
-            self.lent is None
-            and not self.close_sent
+            not self.close_sent
             and not self.disconnected
             and self._is_plain()
             and self.writable.is_set()
@@ -289,83 +275,6 @@ class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
             transport.write(text_frame(text))
             return True
         return False
-
-    # --- lending ----------------------------------------------------------------------------
-
-    def lendable_fd(self) -> int:
-        """The socket's file descriptor when this connection can ever be lent (plain TCP or a
-        Unix socket, no WebSocket extension such as compression), else -1."""
-        transport = self.transport
-        if transport is None or self.scheme != "ws" or transport.get_extra_info("sslcontext"):
-            return -1
-        if not self._is_plain():  # an extension, or a websockets whose parser we cannot read
-            return -1
-        sock = transport.get_extra_info("socket")
-        try:
-            return sock.fileno() if sock is not None else -1
-        except (AttributeError, OSError):
-            return -1
-
-    def can_lend(self) -> bool:
-        """Whether the connection may be lent now: open, everything read has been handed to the
-        app, no message half read, nothing waiting to be written."""
-        conn, transport = self.conn, self.transport
-        return (
-            not self.read_paused
-            and not self.close_sent
-            and self.queue.empty()
-            and conn.state is State.OPEN
-            and between_frames(conn)
-            and transport.get_write_buffer_size() == 0
-            and not transport.is_closing()
-        )
-
-    def lend(self, link: Lending) -> None:
-        """Stop reading the socket: ``link``'s worker reads and writes it now."""
-        self.lent = link
-        self.transport.pause_reading()
-
-    def resume_after_lending(self) -> None:
-        if not self.read_paused and not self.transport.is_closing():
-            self.transport.resume_reading()
-
-    def take_back(self, link: Lending, handback: Optional[HandBack]) -> None:
-        """Serve the connection again after ``link`` ended: write the rest of an answer the
-        worker left half written, parse what it read, read the socket again."""
-        if self.lent is link:
-            self.lent = None
-        transport = self.transport
-        unsent = link.take_unsent()
-        if not transport.is_closing():
-            if unsent:
-                transport.write(unsent)
-            if handback is not None and handback.raw:
-                self.data_received(handback.raw)
-        if not link.reading:
-            link.reading = True
-            self.resume_after_lending()
-
-    def _recall(self) -> None:
-        """Take the connection back before writing on it: the worker writes no more, and the rest
-        of an answer it left half written goes out first."""
-        link = self.lent
-        if link is not None:
-            link.recall()
-            unsent = link.take_unsent()
-            if unsent and not self.transport.is_closing():
-                self.transport.write(unsent)
-
-    def send_keepalive_ping(self) -> None:
-        self._recall()
-        super().send_keepalive_ping()
-
-    def keepalive_timeout(self) -> None:
-        self._recall()
-        super().keepalive_timeout()
-
-    def shutdown(self) -> None:
-        self._recall()
-        super().shutdown()
 
     # --- read-ahead --------------------------------------------------------------------------
 
