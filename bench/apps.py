@@ -194,7 +194,34 @@ async def serve_floor(port: int, echo: bool, uds: Optional[str] = None) -> None:
         await asyncio.Future()
 
 
+def switch_off(parts: str) -> None:
+    """Turn fast paths off in this process, for A/B runs of bench_ws (``BENCH_OFF=a,b``): ``plain``
+    (reading whole small frames without websockets' parser), ``sendnow`` (writing answers without
+    the ASGI send), ``readahead`` (uvicorn's pause after every message), ``direct`` (FastMCP's
+    call_tool for every tool call), ``batch`` (SCHED_BATCH for workers)."""
+    from openenv.core.env_server import workers
+    from openenv.core.env_server._compat import uvicorn as ws_protocol
+
+    for part in filter(None, parts.split(",")):
+        if part == "plain":
+            ws_protocol.OpenEnvWebSocketProtocol._between_frames = lambda self: False
+        elif part == "sendnow":
+            ws_protocol.OpenEnvWebSocketProtocol.send_text_now = lambda self, text: False
+        elif part == "readahead":
+            base = ws_protocol.WebSocketsSansIOProtocol
+            ws_protocol.OpenEnvWebSocketProtocol.send_receive_event_to_app = base.send_receive_event_to_app
+        elif part == "direct":
+            from openenv.core.env_server._compat import fastmcp as mcp_direct
+
+            mcp_direct.DirectTools._eligible_key = lambda self: None
+        elif part == "batch":
+            workers._batch_policy = lambda: None
+        else:
+            raise SystemExit(f"BENCH_OFF: unknown part {part!r}")
+
+
 def main() -> None:
+    switch_off(os.environ.get("BENCH_OFF", ""))
     name, address = sys.argv[1], sys.argv[2]  # a port, or the path of a Unix socket
     uds = address if not address.isdigit() else None
     port = int(address) if uds is None else 0

@@ -117,9 +117,11 @@ def test_closing_a_sync_client_ends_another_threads_call_with_an_error():
             outcome["error"] = exc
 
     caller = threading.Thread(target=call, daemon=True)
+    accepted = None
     try:
         caller.start()
-        time.sleep(0.5)
+        listener.settimeout(10)
+        accepted, _ = listener.accept()  # the call has connected: it now waits for the handshake
         began = time.monotonic()
         client.close()
         caller.join(10)
@@ -127,6 +129,8 @@ def test_closing_a_sync_client_ends_another_threads_call_with_an_error():
         assert isinstance(outcome.get("error"), SessionLostError), outcome
         assert time.monotonic() - began < 8
     finally:
+        if accepted is not None:
+            accepted.close()
         listener.close()
 
 
@@ -247,8 +251,10 @@ class BackgroundProvider:
         self.path = path
         self.server: Any = None
         self.started = self.stopped = 0
+        self.starting = threading.Event()  # set as start() begins
 
     def start(self) -> str:
+        self.starting.set()
         time.sleep(self.start_delay_s)
         self.server = serve(counter_app())
         running = self.server.__enter__()
@@ -269,7 +275,7 @@ async def test_a_connect_cancelled_while_its_provider_starts_stops_what_it_start
     provider = BackgroundProvider(start_delay_s=0.5)
     client = GenericEnvClient(provider=provider)
     connecting = asyncio.ensure_future(client.connect())
-    await asyncio.sleep(0.1)
+    await until(provider.starting.is_set)
     connecting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await connecting

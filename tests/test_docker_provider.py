@@ -14,6 +14,7 @@ Three kinds of tests:
 from __future__ import annotations
 
 import gc
+import http.server
 import itertools
 import json
 import os
@@ -22,6 +23,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from fnmatch import fnmatch
@@ -379,8 +381,28 @@ def test_importing_the_provider_does_not_import_the_sdk() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def test_wait_for_ready_returns_once_health_answers(provider: LocalDockerProvider, counter_server: Any) -> None:
-    provider.wait_for_ready(counter_server.base_url, timeout_s=5)
+def test_wait_for_ready_polls_health_until_it_answers_200(provider: LocalDockerProvider) -> None:
+    # A plain HTTP server standing in for the container's: 503 twice, then 200.
+    hits: List[str] = []
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            hits.append(self.path)
+            self.send_response(200 if len(hits) >= 3 else 503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        provider.wait_for_ready(f"http://127.0.0.1:{server.server_port}/", timeout_s=10)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert hits == ["/health"] * 3  # it returned at the first 200, and asked no more
 
 
 def test_wait_for_ready_times_out_with_a_clear_message(provider: LocalDockerProvider) -> None:
@@ -427,8 +449,10 @@ def test_stop_is_idempotent_and_ignores_a_container_already_gone(
 ) -> None:
     provider.start_container("openenv-echo")
     fake.only_container().exit(0)  # exited and removed by itself
-    provider.stop_container()
-    provider.stop_container()
+    provider.stop_container()  # the (fake) engine answers NotFound: no stop or remove tried, no error
+    assert provider.container_name is None
+    provider.stop_container()  # nothing left to stop
+    assert [call for call in fake.calls if call[0] in ("stop", "remove")] == []
 
 
 def test_close_stops_the_container_and_leaves_a_passed_client_open(fake: FakeDockerClient) -> None:

@@ -15,7 +15,7 @@ from websockets.asyncio.client import connect
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.serialization import MAX_JSON_DEPTH
 
-from .conftest import counter_app, serve
+from .conftest import counter_app, serve, until
 from .envs import CounterAction, CounterEnv, CounterObservation, CounterState
 
 
@@ -150,13 +150,17 @@ def test_request_bodies_nested_past_the_json_depth_limit_are_a_400_like_ws_frame
 
 async def test_the_state_of_an_async_environment_is_read_off_the_loop_under_the_step_timeout():
     import asyncio
+    import threading
     import time
 
     from .envs import AsyncCounterEnv
 
     class SlowStateEnv(AsyncCounterEnv):
+        entered = threading.Event()
+
         @property
         def state(self) -> CounterState:
+            SlowStateEnv.entered.set()
             time.sleep(0.6)  # a blocking property on an environment whose steps are async
             return super().state
 
@@ -164,7 +168,7 @@ async def test_the_state_of_an_async_environment_is_read_off_the_loop_under_the_
     with serve(app) as server:
         async with httpx.AsyncClient(base_url=server.base_url, timeout=10) as http:
             state = asyncio.ensure_future(http.get("/state"))
-            await asyncio.sleep(0.05)
+            await until(SlowStateEnv.entered.is_set)  # the property now blocks its thread
             began = time.monotonic()
             assert (await http.get("/health")).status_code == 200
             assert time.monotonic() - began < 0.3  # the loop was not blocked by the property
@@ -247,11 +251,13 @@ async def test_stateless_calls_wait_a_bounded_time_for_a_slot_behind_a_slow_one(
 
     from openenv.core.env_server import sessions
 
+    from .envs import TRACKER
+
     monkeypatch.setattr(sessions, "TEMPORARY_WAIT_S", 0.3)
     with serve(counter_app(max_concurrent_envs=1)) as server:
         async with httpx.AsyncClient(base_url=server.base_url, timeout=10) as http:
             slow = asyncio.ensure_future(http.post("/step", json={"action": {"sleep_s": 1.0}}))
-            await asyncio.sleep(0.1)
+            await until(lambda: TRACKER.threads)  # the slow step runs, holding the only slot
             waiting = await http.post("/step", json={"action": {}})
             assert waiting.status_code == 503 and waiting.json()["code"] == "CAPACITY_REACHED"
             assert "stateless" in waiting.json()["detail"]
@@ -260,7 +266,6 @@ async def test_stateless_calls_wait_a_bounded_time_for_a_slot_behind_a_slow_one(
 
 
 async def test_a_client_leaving_a_stateless_call_frees_its_slot_at_once():
-    import asyncio
     import time
 
     from .envs import TRACKER
@@ -273,8 +278,7 @@ async def test_a_client_leaving_a_stateless_call_frees_its_slot_at_once():
             response = await http.post("/step", json={"action": {"delta": 3}})
             assert response.status_code == 200 and response.json()["observation"]["value"] == 3
             assert time.monotonic() - began < 0.6  # not queued behind the abandoned call
-            await asyncio.sleep(1.0)
-            assert TRACKER.alive == 0  # the abandoned call's environment closed once it returned
+            await until(lambda: TRACKER.alive == 0)  # the abandoned call's environment closed once it returned
             assert TRACKER.created == 2
 
 
@@ -312,9 +316,13 @@ async def test_a_client_leaving_a_call_on_a_named_session_lets_it_finish():
             await http.post("/reset", json={"session_id": session_id})
             with pytest.raises(httpx.ReadTimeout):
                 await http.post("/step", json={"session_id": session_id, "action": {"sleep_s": 0.6}}, timeout=0.2)
-            await asyncio.sleep(0.7)
-            state = (await http.get("/state", params={"session_id": session_id})).json()
-            assert (state["value"], state["step_count"]) == (1, 1)  # the step ran to its end
+
+            def state() -> dict:  # mid-step: value 100, step_count 0
+                return httpx.get(server.base_url + "/state", params={"session_id": session_id}, timeout=5).json()
+
+            await until(lambda: state().get("step_count") == 1)
+            final = state()
+            assert (final["value"], final["step_count"]) == (1, 1)  # the step ran to its end
 
 
 class OddBody(pydantic.BaseModel):

@@ -54,7 +54,9 @@ def app_of(env: type) -> Any:
     from openenv.core.env_server.http_server import create_app
     from openenv.core.env_server.types import State
 
-    return create_app(env, BlockingAction, CounterObservation, env_name="counter", state_cls=State, max_concurrent_envs=4)
+    return create_app(
+        env, BlockingAction, CounterObservation, env_name="counter", state_cls=State, max_concurrent_envs=4
+    )
 
 
 def ws_url(server: Any) -> str:
@@ -119,4 +121,3 @@ async def test_failures_of_calls_on_the_loop_are_answered_and_the_server_goes_on
             assert (await ask(ws, {"type": "step", "data": {}}))["data"]["observation"]["value"] == 1
         async with connect(ws_url(server)) as ws:  # the server still serves new connections
             assert (await ask(ws, {"type": "reset", "data": {}}))["type"] == "observation"
-

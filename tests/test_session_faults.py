@@ -253,9 +253,9 @@ async def test_a_destroy_cancelled_while_it_waits_still_closes_the_environment()
     session = await manager.create(SessionKind.DETACHED)
     closed_before = TRACKER.closed
     busy = asyncio.ensure_future(manager.step(session, CounterAction(sleep_s=0.3)))
-    await asyncio.sleep(0.05)
+    await until(lambda: TRACKER.threads)  # the step runs in the environment
     destroying = asyncio.ensure_future(manager.destroy(session))
-    await asyncio.sleep(0.05)
+    await until(lambda: session.state is SessionState.CLOSING)  # destroy now waits for the step
     destroying.cancel()  # e.g. a shutdown cancelling the socket task that was closing its session
     with pytest.raises(asyncio.CancelledError):
         await destroying
@@ -277,7 +277,7 @@ async def test_a_single_thread_environment_stays_on_one_thread_after_a_step_time
             # (within the step timeout: it may time out waiting, "not started", or get its turn)
             waited = await ask(ws, {"type": "step", "data": {}})
             assert waited["type"] == "observation" or "not started" in waited["data"]["message"], waited
-            await asyncio.sleep(0.5)  # the stuck step has returned; its thread serves
+            await until(lambda: manager_of(server).pool.stuck == 0)  # the stuck step has returned
             for _ in range(30):
                 await ask(ws, {"type": "step", "data": {}})
                 await asyncio.sleep(0.005)
@@ -349,7 +349,7 @@ async def test_an_environment_whose_step_still_runs_at_shutdown_is_closed_once_i
         ws = await connect(ws_url(server))
         await ask(ws, {"type": "reset"})
         await ws.send(json.dumps({"type": "step", "data": {"sleep_s": 1.0}}))
-        await asyncio.sleep(0.2)
+        await until(lambda: TRACKER.threads)  # the step runs in the environment
         assert TRACKER.alive == 1
     finally:
         await asyncio.get_running_loop().run_in_executor(None, server.stop)
@@ -372,7 +372,7 @@ async def test_a_single_thread_environment_is_never_called_from_a_second_thread(
             assert hung.status_code == 504
             refused = await ask(ws, {"type": "step", "data": {}})
             assert refused["data"]["code"] == "TIMEOUT" and "not started" in refused["data"]["message"]
-            await asyncio.sleep(0.6)  # the hung call returns
+            await until(lambda: manager_of(server).pool.stuck == 0)  # the hung call returned
             reply = await ask(ws, {"type": "step", "data": {}})
             assert reply["data"]["observation"]["value"] == 2  # the same instance, one step more
             assert TRACKER.threads == {built_on}
@@ -403,11 +403,13 @@ class _PlainEnv:
 
     SUPPORTS_CONCURRENT_SESSIONS = True
     closed: list = []
+    started = 0  # steps begun, of every instance and subclass (tests compare it with an earlier value)
 
     def reset(self, **kwargs: Any) -> None:
         return None
 
     def step(self, seconds: float) -> None:
+        _PlainEnv.started += 1
         time.sleep(seconds)
 
     @property
@@ -459,8 +461,9 @@ def test_a_manager_served_again_does_not_wait_at_shutdown_for_the_previous_loops
 
     async def first() -> None:
         session = await manager.create()
+        before = _PlainEnv.started
         step = asyncio.ensure_future(manager.step(session, 1.0))
-        await asyncio.sleep(0.1)
+        await until(lambda: _PlainEnv.started > before)
         step.cancel()  # the caller leaves mid-step
         await asyncio.gather(step, return_exceptions=True)
         await manager.destroy(session)
@@ -494,7 +497,7 @@ async def test_an_async_call_interrupted_halfway_discards_the_sessions_environme
     await manager.reset(session, {})
     first_env = session.env
     step = asyncio.ensure_future(manager.step(session, CounterAction(sleep_s=1.0)))
-    await asyncio.sleep(0.1)
+    await until(lambda: first_env.state.value == 100)  # halfway: inside its await
     step.cancel()
     with pytest.raises(asyncio.CancelledError):
         await step
@@ -517,8 +520,9 @@ async def test_a_close_that_starts_late_in_its_window_gets_a_full_one(monkeypatc
     manager = SessionManager(SlowClose, max_sessions=2)
     a = await manager.create()
     b = await manager.create()
+    before = _PlainEnv.started
     busy = asyncio.ensure_future(manager.step(a, 0.25))  # the one thread is busy (not stuck)
-    await asyncio.sleep(0.02)
+    await until(lambda: _PlainEnv.started > before)
     await manager.destroy(b)  # its close starts at ~0.25 s and takes 0.2 s: past the first window
     await busy
     await until(lambda: len(SlowClose.closed) == 1, timeout=3)

@@ -233,9 +233,9 @@ def _batch_allowed() -> bool:
 
 
 @pytest.mark.skipif(not _batch_allowed(), reason="SCHED_BATCH is Linux's, and may be refused here")
-async def test_workers_run_under_sched_batch_unless_turned_off_or_already_set():
+async def test_workers_run_under_sched_batch_only_when_asked_and_not_already_set():
     inherited = os.sched_getscheduler(0)
-    pool = WorkerPool(1)
+    pool = WorkerPool(1, batch=True)
     expected = os.SCHED_BATCH if inherited == os.SCHED_OTHER else inherited
     assert await pool.run(os.sched_getscheduler, 0) == expected
 
@@ -249,7 +249,7 @@ async def test_workers_run_under_sched_batch_unless_turned_off_or_already_set():
     assert await pool.run(started_thread_policy) == expected
     assert os.sched_getscheduler(0) == inherited  # the loop's own thread is untouched
     pool.shutdown()
-    plain = WorkerPool(1, batch=False)
+    plain = WorkerPool(1)  # the default: the process's policy is left alone
     assert await plain.run(os.sched_getscheduler, 0) == inherited
     plain.shutdown()
 
@@ -261,7 +261,7 @@ def test_a_worker_keeps_a_policy_chosen_for_it():
 
     def serve_from_an_idle_thread() -> None:  # as if the server had been started under `chrt -i`
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-        pool = WorkerPool(1)
+        pool = WorkerPool(1, batch=True)
         result.append(run_on(asyncio.new_event_loop, pool.run(os.sched_getscheduler, 0)))
         pool.shutdown()
 

@@ -1,4 +1,4 @@
-"""The server's WebSocket protocol (openenv.core.env_server.ws_protocol) on a live server: request
+"""The server's WebSocket protocol (openenv.core.env_server._compat.uvicorn) on a live server: request
 and response traffic never stops reading the socket, while piled-up or large messages still do, so
 TCP backpressure holds and frames are answered in order."""
 
@@ -17,8 +17,8 @@ from websockets.client import ClientProtocol
 from websockets.frames import Frame, Opcode
 from websockets.uri import parse_uri
 
-from openenv.core.env_server import ws_protocol
-from openenv.core.env_server.ws_protocol import OpenEnvWebSocketProtocol
+from openenv.core.env_server._compat import uvicorn as ws_protocol
+from openenv.core.env_server._compat.uvicorn import OpenEnvWebSocketProtocol
 
 from .conftest import connect, counter_app, serve, until
 
@@ -183,8 +183,8 @@ def test_a_uvicorn_release_ci_does_not_test_keeps_its_own_default(monkeypatch):
 
     from openenv.core.env_server.runner import uvicorn_config
 
-    assert ws_protocol.compatible()  # the installed uvicorn is a tested one
+    assert ws_protocol.tested()  # the installed uvicorn is a tested one
 
     monkeypatch.setattr(uvicorn, "__version__", "1.2.0")  # a future release, not yet tested
-    assert not ws_protocol.compatible()
+    assert not ws_protocol.tested()
     assert uvicorn_config(object()).ws == "auto"

@@ -25,7 +25,8 @@ import json
 import logging
 import threading
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, Callable, Dict, Generic, List, Optional, Tuple, TypeVar
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Generic, List, Optional, Tuple, TypeVar
 
 from .client_errors import EnvClientError, SessionLostError, error_from_frame, refused_credentials
 from .client_types import StepResult
@@ -52,6 +53,35 @@ def _loop_running() -> bool:
     except RuntimeError:
         return False
     return True
+
+
+class ClientState(str, Enum):
+    """Where a client's connection stands (``EnvClient._state``); moves are checked against
+    ``_TRANSITIONS``. Closing is not final: a closed client opens a new connection when used again."""
+
+    NEW = "new"  # never connected
+    OPEN = "open"  # a WebSocket is open (until its peer closes it, noticed on the next call)
+    LOST = "lost"  # the socket carrying the episode failed and was dropped: only reset() reconnects
+    CLOSING = "closing"  # close() is under way (child sessions, the socket, the server it started)
+    CLOSED = "closed"  # disconnect() or close() returned
+
+
+_TRANSITIONS: Dict[ClientState, FrozenSet[ClientState]] = {
+    ClientState.NEW: frozenset({ClientState.OPEN, ClientState.CLOSING}),
+    ClientState.OPEN: frozenset({ClientState.LOST, ClientState.CLOSED, ClientState.CLOSING}),
+    ClientState.LOST: frozenset({ClientState.OPEN, ClientState.CLOSING}),
+    ClientState.CLOSING: frozenset({ClientState.CLOSED}),
+    ClientState.CLOSED: frozenset({ClientState.OPEN, ClientState.CLOSING}),
+}
+
+
+class Usage(str, Enum):
+    """How a client is driven: decided by its first use (or ``async with`` / ``.sync()``), then
+    fixed; ``EnvClient._claim`` is the one move, from UNDECIDED."""
+
+    UNDECIDED = "undecided"
+    ASYNC = "async"
+    SYNC = "sync"
 
 
 def _resolve_mode(mode: Optional[str]) -> str:
@@ -95,12 +125,12 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         self._ws_loop: Optional[asyncio.AbstractEventLoop] = None
         self._io_lock: Optional[asyncio.Lock] = None
         self._connect_guard: Optional[Tuple[asyncio.AbstractEventLoop, asyncio.Lock]] = None
-        self._usage: Optional[str] = None
+        self._state = ClientState.NEW
+        self._usage = Usage.UNDECIDED
         self._loop_thread: Optional[LoopThread] = None
         self._borrowed_loop_thread = False  # a sync child session runs on its parent's loop
         self._sync_client: Optional[SyncEnvClient[ActT, ObsT, StateT]] = None
         self._children: List[EnvClient[Any, Any, Any]] = []
-        self._session_lost = False
         self._provider_started = False
         self._launch: Optional[_Launch] = None
         self._warned_step_kwargs = False
@@ -138,11 +168,16 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
 
     # --- dual-mode dispatch -------------------------------------------------------------------
 
-    def _claim(self, usage: str) -> None:
-        if self._usage is None:
+    def _transition(self, new: ClientState) -> None:
+        if new not in _TRANSITIONS[self._state]:
+            raise RuntimeError(f"{type(self).__name__}: invalid state change {self._state.value} -> {new.value}")
+        self._state = new
+
+    def _claim(self, usage: Usage) -> None:
+        if self._usage is Usage.UNDECIDED:
             self._usage = usage
-        elif self._usage != usage:
-            other = "sync" if usage == "async" else "async"
+        elif self._usage is not usage:
+            other = self._usage.value
             raise RuntimeError(
                 f"{type(self).__name__} is already being used in {other} mode; create one client "
                 "for async code and another (or client.sync()) for sync code"
@@ -170,9 +205,9 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
 
     def _dispatch(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """Call ``fn`` (a coroutine function): return its coroutine in async use, its result in sync use."""
-        if self._usage is None:
-            self._usage = "async" if _loop_running() else "sync"
-        if self._usage == "async":
+        if self._usage is Usage.UNDECIDED:
+            self._claim(Usage.ASYNC if _loop_running() else Usage.SYNC)
+        if self._usage is Usage.ASYNC:
             if not _loop_running():
                 raise RuntimeError(
                     f"{type(self).__name__} is being used with async/await; from sync code use "
@@ -204,11 +239,11 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
 
     def close(self) -> Any:
         """Close the session, its child sessions and the provider this client started."""
-        if self._usage is None and not _loop_running():
+        if self._usage is Usage.UNDECIDED and not _loop_running():
             return None  # never used: nothing is open (and no loop thread is started for it)
         if self._borrowed_loop_thread and self._loop_thread is not None and self._loop_thread.stopped:
             return None  # a child session: its parent's close already closed it
-        if self._usage == "sync" and not self._runner().in_loop_thread():
+        if self._usage is Usage.SYNC and not self._runner().in_loop_thread():
             try:
                 return self._runner().run(self._close_async())
             finally:
@@ -229,7 +264,7 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
 
     def __await__(self) -> Any:
         """``client = await Env.from_env(...)``: connect (starting the server if needed)."""
-        self._claim("async")
+        self._claim(Usage.ASYNC)
         return self._connect_and_return().__await__()
 
     # --- clients that start their own server -----------------------------------------------------
@@ -298,7 +333,7 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         return client
 
     async def __aenter__(self) -> EnvClient[ActT, ObsT, StateT]:
-        self._claim("async")
+        self._claim(Usage.ASYNC)
         try:
             await self._connect_async()
         except BaseException:
@@ -310,7 +345,7 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         await self._close_async()
 
     def __enter__(self) -> EnvClient[ActT, ObsT, StateT]:
-        self._claim("sync")
+        self._claim(Usage.SYNC)
         try:
             self._runner().run(self._connect_async())
         except BaseException:
@@ -355,22 +390,30 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
     async def _before_connect(self, endpoint: Endpoint) -> None:
         """Hook run before each new WebSocket is opened."""
 
+    def _socket_usable(self, loop: asyncio.AbstractEventLoop) -> bool:
+        return self._ws is not None and self._ws_loop is loop and _is_open(self._ws)
+
+    def _refuse_while_closing(self) -> None:
+        if self._state is ClientState.CLOSING:
+            raise RuntimeError(f"{type(self).__name__} is closing; use it again once close() has returned")
+
     async def _connect_async(self) -> Any:
+        self._refuse_while_closing()
         loop = asyncio.get_running_loop()
-        ws = self._ws
-        if ws is not None and self._ws_loop is loop and _is_open(ws):
-            return ws
+        if self._socket_usable(loop):
+            return self._ws
         # One connection at a time: calls that find no socket together (asyncio.gather, or sync
         # calls from several threads) must share the one that the first of them opens.
         guard = self._connect_guard
         if guard is None or guard[0] is not loop:
             guard = self._connect_guard = (loop, asyncio.Lock())
         async with guard[1]:
-            ws = self._ws
-            if ws is not None:
-                if self._ws_loop is loop and _is_open(ws):
-                    return ws
+            self._refuse_while_closing()
+            if self._socket_usable(loop):
+                return self._ws
+            if self._ws is not None:  # closed by its peer, or opened on another event loop
                 self._drop_socket()
+                self._transition(ClientState.LOST)
             return await self._open_socket(loop)
 
     async def _open_socket(self, loop: asyncio.AbstractEventLoop) -> Any:
@@ -401,6 +444,10 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
             if refused is not None:
                 raise refused from exc
             raise ConnectionError(f"Failed to connect to {where}: {exc}") from exc
+        if self._state is ClientState.CLOSING:  # close() began while this connected
+            await _close_quietly(ws)
+            self._refuse_while_closing()
+        self._transition(ClientState.OPEN)
         self._ws, self._ws_loop = ws, loop
         self._io_lock = asyncio.Lock()
         return ws
@@ -424,6 +471,14 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
                 pass
 
     async def _disconnect_async(self) -> None:
+        if self._ws is not None and self._state is ClientState.OPEN:
+            self._transition(ClientState.CLOSED)
+        await self._close_socket()
+
+    async def _close_socket(self) -> None:
+        if self._ws is not None and self._ws_loop is not asyncio.get_running_loop():
+            self._drop_socket()  # opened on another event loop: closed there, or gone with it
+            return
         ws, self._ws = self._ws, None
         if ws is None:
             return
@@ -435,13 +490,23 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         await asyncio.shield(_close_quietly(ws))
 
     async def _close_async(self) -> None:
+        if self._state is ClientState.CLOSING:
+            return  # another close() is under way
+        self._transition(ClientState.CLOSING)
+        try:
+            await self._release()
+        finally:
+            self._transition(ClientState.CLOSED)
+
+    async def _release(self) -> None:
+        """What close() closes: child sessions, the socket, the server this client started."""
         children, self._children = self._children, []
         for child in children:
             try:
                 await child._close_async()
             except Exception:
                 logger.warning("closing a child session failed", exc_info=True)
-        await self._disconnect_async()
+        await self._close_socket()
         if self._launch is not None and self._provider_started:
             await asyncio.to_thread(self._launch.stop)
             self._provider_started = False
@@ -451,15 +516,23 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
 
     async def _request(self, message: Dict[str, Any], *, starts_session: bool = False) -> Dict[str, Any]:
         """Send one frame and return the reply; error frames raise :class:`ServerError`."""
-        if self._session_lost and not starts_session:
+        if self._state is ClientState.LOST and not starts_session:
             raise SessionLostError(
                 "the connection carrying this episode was lost earlier (see the previous error); "
                 "call reset() to start a new episode"
             )
-        if not starts_session and self._ws is not None and not _is_open(self._ws):
-            # Lost since the last call (server restarted, session reaped, network): a new socket
-            # would be a new session, so say so instead of stepping a fresh environment.
+        loop = asyncio.get_running_loop()
+        if not starts_session and self._ws is not None and not self._socket_usable(loop):
+            # Lost since the last call (server restarted, session reaped, network), or opened on
+            # another event loop (one asyncio.run() per call): a new socket would be a new
+            # session, so say so instead of stepping a fresh environment.
+            other_loop = self._ws_loop is not loop
             self._lose_session()
+            if other_loop:
+                raise SessionLostError(
+                    "the connection carrying this episode was opened on another event loop (one client "
+                    "per event loop, e.g. per asyncio.run()); call reset() to start a new episode"
+                )
             raise SessionLostError(
                 "the connection carrying this episode was closed since the last call (server restart, "
                 "idle timeout or network); call reset() to start a new episode"
@@ -490,7 +563,6 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
                 if pending is not None:
                     raise error_from_frame(pending) from exc
                 raise SessionLostError(f"connection to the server was lost: {exc}") from exc
-        self._session_lost = False
         try:
             response = json.loads(raw)
         except (TypeError, ValueError):
@@ -502,7 +574,8 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         return response
 
     def _lose_session(self) -> None:
-        self._session_lost = True
+        if self._state is ClientState.OPEN:  # (not while close() closes the socket under a call)
+            self._transition(ClientState.LOST)
         self._drop_socket()
 
     async def _reset_async(self, **kwargs: Any) -> StepResult[ObsT]:
@@ -537,7 +610,12 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
     async def _new_session_async(self) -> EnvClient[Any, Any, Any]:
         await self._ensure_endpoint()
         child = type(self)(**self._clone_kwargs())
-        child._usage = "async"
+        if self._usage is Usage.SYNC:  # its connection lives on this client's loop: it runs there too
+            child._claim(Usage.SYNC)
+            child._loop_thread = self._runner()
+            child._borrowed_loop_thread = True
+        else:
+            child._claim(Usage.ASYNC)
         await child._connect_async()
         self._children.append(child)
         return child

@@ -151,8 +151,10 @@ class MCPClientBase(EnvClient[Any, Observation, State]):
             ) from exc
         error = body.get("error")
         if error:
-            data = error.get("data") if isinstance(error.get("data"), dict) else {}
-            cls = CapacityReachedError if "max_sessions" in data else SessionError
+            data = dict(error["data"]) if isinstance(error.get("data"), dict) else {}
+            code = data.pop("code", None)  # the server's /ws code for the error (older servers: none)
+            capacity = code == CapacityReachedError.code or (code is None and "max_sessions" in data)
+            cls = CapacityReachedError if capacity else SessionError
             raise cls(f"Failed to create MCP session: {error.get('message')}", cls.code, data)
         self._production_session_id = body["result"]["session_id"]
 
@@ -189,9 +191,9 @@ class MCPClientBase(EnvClient[Any, Observation, State]):
         self._production_session_id = None
         self._tools_cache = None
 
-    async def _close_async(self) -> None:
+    async def _release(self) -> None:
         session_id, endpoint = self._production_session_id, self._endpoint
-        await self._disconnect_async()
+        await self._close_socket()
         if session_id is not None and endpoint is not None:
             await self._close_production_session(endpoint, session_id)
         self._forget_production_session()
@@ -200,7 +202,7 @@ class MCPClientBase(EnvClient[Any, Observation, State]):
         if self._http is not None:
             http, self._http = self._http, None
             await http.aclose()
-        await super()._close_async()
+        await super()._release()
 
     # --- tools ----------------------------------------------------------------------------------
 

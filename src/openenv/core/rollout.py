@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Awaitable, Callable, Dict, Hashable, List, Optional, Sequence, Union
 
-from .env_client import EnvClient
+from .env_client import EnvClient, Usage
 from .generic_client import GenericEnvClient
 from .sync_client import SyncEnvClient
 
@@ -471,7 +471,7 @@ async def _open(factory: Callable[[], Any]) -> Any:
         raise TypeError("the client factory returned a sync client; return the async client (no .sync())")
     if not isinstance(client, EnvClient):
         raise TypeError(f"the client factory must return an EnvClient, got {client!r}")
-    client._claim("async")
+    client._claim(Usage.ASYNC)
     await client._connect_async()
     return client
 

@@ -14,6 +14,8 @@ import inspect
 import threading
 from typing import TYPE_CHECKING, Any, Coroutine, Generic, Optional, TypeVar
 
+from .env_client import Usage
+
 if TYPE_CHECKING:  # pragma: no cover
     from .client_types import StepResult
     from .env_client import EnvClient
@@ -137,7 +139,7 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
 
     def __init__(self, client: EnvClient[Any, Any, Any]) -> None:
         self._client = client
-        client._claim("sync")
+        client._claim(Usage.SYNC)
 
     @property
     def async_client(self) -> EnvClient[Any, Any, Any]:
@@ -164,12 +166,7 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
 
     def new_session(self) -> SyncEnvClient[ActT, ObsT, StateT]:
         """Another session on the same server, closed with this client."""
-        child = self._run(self._client._new_session_async())
-        # Its connection lives on this client's loop: the child runs there too, as a sync client.
-        child._usage = "sync"
-        child._loop_thread = self._client._runner()
-        child._borrowed_loop_thread = True
-        return child.sync()
+        return self._run(self._client._new_session_async()).sync()  # it runs on this client's loop
 
     def close(self) -> None:
         self._client.close()

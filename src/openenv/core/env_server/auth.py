@@ -1,7 +1,7 @@
 """A bearer token in front of every route but ``/health`` (spec §14.16: upstream has no auth).
 
 Off unless asked for: ``$OPENENV_AUTH_TOKEN`` or, when that is not set,
-``create_app(..., auth_token=...)``. Then every
+``create_app(..., auth_token=...)`` (see :mod:`.settings`). Then every
 HTTP request and WebSocket handshake must carry ``Authorization: Bearer <token>``; anything else
 is answered 401 (``{"detail", "code": "UNAUTHORIZED"}``, ``WWW-Authenticate: Bearer``, and the
 connection closed) before a route runs, a body is read or a session is made. A WebSocket is
@@ -27,18 +27,14 @@ OPEN_PATHS = frozenset({"/health"})
 _HINT = 'make one with: python -c "import secrets; print(secrets.token_urlsafe(32))"'
 
 
-def configured(token: Optional[str]) -> Optional[bytes]:
-    """The token the server requires: ``$OPENENV_AUTH_TOKEN`` when set (the deployment decides,
-    as with ``$OPENENV_MAX_SESSIONS``), else ``token``; None when neither is."""
-    from_env = os.environ.get(ENV_VAR) or None
-    if from_env is not None:
-        token, source = from_env, ENV_VAR
-    else:
-        source = "auth_token"
+def checked_token(token: Optional[str]) -> Optional[bytes]:
+    """The token the server requires (``OPENENV_AUTH_TOKEN`` or ``auth_token``, as
+    :mod:`.settings` chose), checked; None when there is none."""
     if token is None:
         return None
     if not isinstance(token, str):
         raise TypeError(f"auth_token must be a str, got {type(token).__name__}")
+    source = ENV_VAR if os.environ.get(ENV_VAR, "").strip() == token else "auth_token"
     if len(token) < MIN_LENGTH:
         raise ValueError(f"{source} must be at least {MIN_LENGTH} characters; {_HINT}")
     if not all("!" <= ch <= "~" for ch in token):
@@ -85,7 +81,7 @@ async def refuse(scope: Dict[str, Any], receive: Any, send: Any) -> None:
     if "websocket.http.response" in (scope.get("extensions") or {}):
         await send({"type": "websocket.http.response.start", "status": 401, "headers": headers})
         await send({"type": "websocket.http.response.body", "body": body})
-        from .ws_protocol import end_refused_handshake
+        from ._compat.uvicorn import end_refused_handshake
 
         end_refused_handshake(send)
     else:  # a server without the extension: a close before accepting is its 403

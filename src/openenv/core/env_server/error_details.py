@@ -14,7 +14,7 @@ paths, hostnames, pieces of configuration. Here the answer depends on who asked:
   are in the server's log, under that id, for every client.
 
 ``$OPENENV_ERROR_DETAILS`` (``1``/``0``, or ``auto`` for the rule above) or, when it is not set,
-``create_app(..., error_details=True|False)`` fixes the choice for every client. A reverse proxy
+``create_app(..., error_details=True|False)`` fixes the choice for every client (see :mod:`.settings`). A reverse proxy
 on this machine must send ``X-Forwarded-For`` (or ``Forwarded``), or every client looks local.
 Trusting every proxy (uvicorn's ``--forwarded-allow-ips='*'``) lets any client name itself
 127.0.0.1. Where no request is being answered (a worker thread, an environment used directly)
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import os
 import secrets
 from typing import Any, Dict, Iterator, Optional
 
@@ -42,26 +41,6 @@ ENV_VAR = "OPENENV_ERROR_DETAILS"
 # worker thread, which does not inherit the request's context; an environment used directly),
 # nothing tells who will read the answer: the text stays in the log.
 _shown: contextvars.ContextVar[bool] = contextvars.ContextVar("openenv_error_details", default=False)
-
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
-
-
-def configured(value: Optional[bool]) -> Optional[bool]:
-    """The server's choice: ``$OPENENV_ERROR_DETAILS`` when set (the deployment decides, as with
-    ``$OPENENV_MAX_SESSIONS``), else ``value``; None leaves it to each client's address."""
-    if value is not None and not isinstance(value, bool):
-        raise TypeError(f"error_details must be True, False or None, got {value!r}")
-    raw = os.environ.get(ENV_VAR, "").strip().lower()
-    if raw == "":
-        return value
-    if raw == "auto":
-        return None
-    if raw in _TRUE:
-        return True
-    if raw in _FALSE:
-        return False
-    raise ValueError(f"{ENV_VAR} must be 1, 0 or auto, got {raw!r}")
 
 
 def peer_is_local(scope: Dict[str, Any]) -> bool:

@@ -1,16 +1,125 @@
-"""Server-side exceptions."""
+"""Server-side exceptions, and the one table of how each is answered.
+
+Every OpenEnv error type carries an :class:`ErrorKind`: its ``/ws`` error code, its HTTP status,
+its JSON-RPC code and, when it ends a WebSocket before a session exists, the close code. Each
+transport has one renderer that reads it (:func:`kind_of` for any exception): the ``/ws`` error
+frame (:mod:`.ws_endpoint`), the HTTP JSON error (:mod:`.http_server`) and the JSON-RPC error
+(:mod:`.mcp_endpoint`). ``details()`` are the extra fields an answer carries (``timeout_s``,
+``max_sessions``, ...): in the ``/ws`` frame's ``data`` and the JSON-RPC error's ``data``.
+
+================================  ====================  ====  ======  =====
+error                             /ws code              HTTP  JSON-RPC close
+================================  ====================  ====  ======  =====
+(an environment's own exception)  EXECUTION_ERROR       500   -32603  1011
+pydantic ``ValidationError``      VALIDATION_ERROR      422   -32602  1008
+:class:`SessionCapacityError`     CAPACITY_REACHED      503   -32000  1013
+:class:`EnvironmentFactoryError`  FACTORY_ERROR         500   -32000  1011
+:class:`StepTimeoutError`         TIMEOUT               504   -32603  1011
+:class:`SessionNotFoundError`     SESSION_ERROR         404   -32602  1008
+:class:`SessionCreationError`     SESSION_ERROR         409   -32600  1008
+:class:`MessageTooLargeError`     MESSAGE_TOO_LARGE     413   -32600  1009
+:class:`ServerBusyError`          SERVER_BUSY           503   -32000  1013
+:class:`InvalidJsonError`         INVALID_JSON          400   -32700  1007
+:class:`ConcurrencyConfiguration  EXECUTION_ERROR       500   -32000  1011
+Error`
+================================  ====================  ====  ======  =====
+"""
 
 from __future__ import annotations
 
-from typing import Optional
+import dataclasses
+from typing import Any, ClassVar, Dict, Optional
+
+
+@dataclasses.dataclass(frozen=True)
+class ErrorKind:
+    """How one kind of error is answered on each transport."""
+
+    ws_code: str
+    http_status: int
+    rpc_code: int
+    close_code: int = 1011
+
+
+EXECUTION = ErrorKind("EXECUTION_ERROR", 500, -32603)
+VALIDATION = ErrorKind("VALIDATION_ERROR", 422, -32602, 1008)
+CAPACITY = ErrorKind("CAPACITY_REACHED", 503, -32000, 1013)
+FACTORY = ErrorKind("FACTORY_ERROR", 500, -32000)
+TIMEOUT = ErrorKind("TIMEOUT", 504, -32603)
+SESSION_UNKNOWN = ErrorKind("SESSION_ERROR", 404, -32602, 1008)
+SESSION_CONFLICT = ErrorKind("SESSION_ERROR", 409, -32600, 1008)
+TOO_LARGE = ErrorKind("MESSAGE_TOO_LARGE", 413, -32600, 1009)
+BUSY = ErrorKind("SERVER_BUSY", 503, -32000, 1013)
+INVALID_JSON = ErrorKind("INVALID_JSON", 400, -32700, 1007)
+MISCONFIGURED = ErrorKind("EXECUTION_ERROR", 500, -32000)
 
 
 class OpenEnvError(Exception):
-    """Base of OpenEnv's server-side exceptions."""
+    """Base of OpenEnv's server-side exceptions; ``kind`` says how each transport answers it."""
+
+    kind: ClassVar[ErrorKind] = EXECUTION
+
+    @property
+    def text(self) -> str:
+        """The answer's message."""
+        return getattr(self, "message", None) or str(self)
+
+    def details(self) -> Dict[str, Any]:
+        """Extra fields of the answer."""
+        return {}
+
+
+def kind_of(exc: BaseException) -> ErrorKind:
+    """The :class:`ErrorKind` of any exception: an OpenEnv error's own, a pydantic validation
+    error's, else an execution error's."""
+    if isinstance(exc, OpenEnvError):
+        return exc.kind
+    import pydantic
+
+    if isinstance(exc, pydantic.ValidationError):
+        return VALIDATION
+    return EXECUTION
+
+
+class MessageTooLargeError(OpenEnvError):
+    """A frame or request body over the server's message limit."""
+
+    kind = TOO_LARGE
+
+    def __init__(self, size: Optional[int], limit: int, unit: str = "bytes") -> None:
+        self.limit = limit
+        shown = "Message" if size is None else f"Message of {size} {unit}"
+        self.message = f"{shown} exceeds the server's limit of {limit} (OPENENV_MAX_MESSAGE_MB)"
+        super().__init__(self.message)
+
+    def details(self) -> Dict[str, Any]:
+        return {"limit": self.limit}
+
+
+class ServerBusyError(OpenEnvError):
+    """The server's budget of bytes in flight is spent (see :mod:`.limits`): retry shortly."""
+
+    kind = BUSY
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+        super().__init__(message)
+
+
+class InvalidJsonError(OpenEnvError):
+    """A message that is not JSON (or nested too deeply)."""
+
+    kind = INVALID_JSON
+
+    def __init__(self, reason: str) -> None:
+        self.message = f"Invalid JSON: {reason}"
+        super().__init__(self.message)
 
 
 class ConcurrencyConfigurationError(OpenEnvError):
     """More than one session was asked of an environment that does not support it."""
+
+    kind = MISCONFIGURED
 
     def __init__(self, environment_name: str, max_concurrent_envs: int, message: Optional[str] = None) -> None:
         self.environment_name = environment_name
@@ -29,6 +138,8 @@ class ConcurrencyConfigurationError(OpenEnvError):
 class SessionCapacityError(OpenEnvError):
     """The server already holds as many sessions as it may."""
 
+    kind = CAPACITY
+
     def __init__(self, active_sessions: int, max_sessions: int, message: Optional[str] = None) -> None:
         self.active_sessions = active_sessions
         self.max_sessions = max_sessions
@@ -39,8 +150,13 @@ class SessionCapacityError(OpenEnvError):
         self.message = message
         super().__init__(message)
 
+    def details(self) -> Dict[str, Any]:
+        return {"active_sessions": self.active_sessions, "max_sessions": self.max_sessions}
+
 
 class SessionNotFoundError(OpenEnvError):
+    kind = SESSION_UNKNOWN
+
     def __init__(self, session_id: str, message: Optional[str] = None) -> None:
         self.session_id = session_id
         self.message = message or f"Unknown session_id: {session_id}"
@@ -48,6 +164,8 @@ class SessionNotFoundError(OpenEnvError):
 
 
 class SessionCreationError(OpenEnvError):
+    kind = SESSION_CONFLICT
+
     def __init__(self, reason: str, message: Optional[str] = None) -> None:
         self.reason = reason
         self.message = message or f"Failed to create session: {reason}"
@@ -57,14 +175,21 @@ class SessionCreationError(OpenEnvError):
 class EnvironmentFactoryError(OpenEnvError):
     """The environment factory raised while building a session's environment."""
 
+    kind = FACTORY
+
     def __init__(self, factory_name: str, message: Optional[str] = None) -> None:
         self.factory_name = factory_name
         self.message = message or f"Environment factory '{factory_name}' failed to create instance."
         super().__init__(self.message)
 
+    def details(self) -> Dict[str, Any]:
+        return {"factory_name": self.factory_name}
+
 
 class StepTimeoutError(OpenEnvError, TimeoutError):
     """An environment call ran past the server's step timeout."""
+
+    kind = TIMEOUT
 
     def __init__(self, operation: str, timeout_s: float) -> None:
         self.operation = operation
@@ -74,6 +199,9 @@ class StepTimeoutError(OpenEnvError, TimeoutError):
             "the environment instance was discarded: call reset() to start a new episode"
         )
         super().__init__(self.message)
+
+    def details(self) -> Dict[str, Any]:
+        return {"timeout_s": self.timeout_s}
 
 
 class WorkersStuckError(StepTimeoutError):

@@ -22,35 +22,26 @@ import os
 from typing import Any, AsyncIterator, Callable, Dict, Iterator, Optional, Type, Union
 
 import pydantic
-from fastapi import Body, FastAPI, Query, Request, WebSocket
+from fastapi import Body, FastAPI, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from typing_extensions import Unpack
 
 from . import auth
 from . import error_details as shown_errors
-from .exceptions import (
-    EnvironmentCallError,
-    EnvironmentFactoryError,
-    EnvironmentResultError,
-    SessionCapacityError,
-    SessionCreationError,
-    SessionNotFoundError,
-    StepTimeoutError,
-)
+from .exceptions import EXECUTION, VALIDATION, EnvironmentCallError, EnvironmentResultError, OpenEnvError, kind_of
 from .interfaces import Environment
 from .limits import InFlightBudget, ServerLimits
-from .mcp_endpoint import SUPPORTED_PROTOCOL_VERSIONS, MCPDispatcher
-from .mcp_types import JsonRpcErrorCode, JsonRpcRequest, JsonRpcResponse, request_id_of
+from .mcp_endpoint import MCPDispatcher
 from .serialization import (
     deserialize_action,
-    dumps_json,
-    parse_json,
     serialize_observation,
     to_json_bytes,
     to_jsonable,
 )
-from .sessions import Session, SessionClosedError, SessionKind, SessionManager
+from .sessions import Session, SessionManager
+from .settings import ServerOptions, ServerSettings
 from .types import (
     Action,
     ConcurrencyConfig,
@@ -82,12 +73,10 @@ ENV_FACTORY = Callable[[], Environment]
 
 
 def _resolve_mode(mode: Union[ServerMode, str, None]) -> ServerMode:
-    if mode is None:
-        mode = os.environ.get("OPENENV_MODE", ServerMode.SIMULATION.value)
     if isinstance(mode, ServerMode):
         return mode
     try:
-        return ServerMode(str(mode).lower())
+        return ServerMode(str(mode or ServerMode.SIMULATION.value).lower())
     except ValueError:
         valid = ", ".join(m.value for m in ServerMode)
         raise ValueError(f"Invalid server mode {mode!r}: expected one of {valid}") from None
@@ -106,6 +95,18 @@ async def _request_validation_error(request: Request, exc: RequestValidationErro
 
 def _error(status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse({"detail": message, "code": code}, status_code=status)
+
+
+def http_error(exc: BaseException, what: str) -> Response:
+    """The HTTP answer to ``exc``, by the table of :mod:`.exceptions`: an invalid message's 422
+    with pydantic's errors, an OpenEnv error's status and ``{"detail", "code"}``; anything else a
+    500 worded by :func:`.error_details.describe`."""
+    kind = kind_of(exc)
+    if kind is VALIDATION:
+        return _json_response({"detail": json.loads(exc.json())}, status=422)  # type: ignore[attr-defined]
+    if isinstance(exc, OpenEnvError) and kind is not EXECUTION:
+        return _error(kind.http_status, kind.ws_code, exc.text)
+    return _error(kind.http_status, kind.ws_code, shown_errors.describe(exc, logger, what))
 
 
 def _observation_response(model: Type[pydantic.BaseModel], observation: Observation) -> Dict[str, Any]:
@@ -127,17 +128,10 @@ class HTTPEnvServer:
 
     ``env`` is a factory (usually the environment class) called once per session. With
     ``max_concurrent_envs > 1`` the environment must declare ``SUPPORTS_CONCURRENT_SESSIONS``.
-    ``step_timeout_s`` (or ``$OPENENV_STEP_TIMEOUT_S``) bounds every reset/step/state/tool call;
-    ``max_message_size_mb`` (or ``$OPENENV_MAX_MESSAGE_MB``) bounds frames and request bodies.
-    ``$OPENENV_MAX_SESSIONS``, when set, overrides the number of concurrent sessions.
-    ``error_details`` says whether error answers carry the text of an exception the environment
-    raised (``$OPENENV_ERROR_DETAILS``, when set, decides instead); by default only clients on
-    this machine get it (see :mod:`openenv.core.env_server.error_details`). ``auth_token``
-    (``$OPENENV_AUTH_TOKEN``, when set, instead) makes every request but ``GET /health`` require
-    ``Authorization: Bearer <token>`` (see :mod:`openenv.core.env_server.auth`). ``limits`` (default:
-    :meth:`ServerLimits.from_env`) bounds what clients may make the server hold (see
-    :mod:`openenv.core.env_server.limits`); ``max_message_size_mb``, when given, overrides its
-    ``max_message_mb``.
+    ``settings`` (default: :meth:`ServerSettings.resolve` of ``options``, the keywords
+    ``create_app`` takes: ``step_timeout_s``, ``max_message_size_mb``, ``worker_threads``,
+    ``error_details``, ``auth_token``, ``limits``) says how it serves; every ``OPENENV_*``
+    variable that is set overrides the argument it stands for (see :mod:`.settings`).
     """
 
     def __init__(
@@ -151,12 +145,8 @@ class HTTPEnvServer:
         state_cls: Type[State] = State,
         *,
         reset_observation_cls: Optional[Type[Observation]] = None,
-        step_timeout_s: Optional[float] = None,
-        max_message_size_mb: Optional[float] = None,
-        worker_threads: Optional[int] = None,
-        error_details: Optional[bool] = None,
-        auth_token: Optional[str] = None,
-        limits: Optional[ServerLimits] = None,
+        settings: Optional[ServerSettings] = None,
+        **options: Unpack[ServerOptions],
     ) -> None:
         if isinstance(env, Environment) or not callable(env):
             raise TypeError(
@@ -166,24 +156,23 @@ class HTTPEnvServer:
             )
         if max_concurrent_envs is not None and concurrency_config is not None:
             raise ValueError("Pass either max_concurrent_envs or concurrency_config, not both")
+        if settings is None:
+            settings = ServerSettings.resolve(**options)
+        elif options:
+            raise TypeError("Pass either settings or the options it holds, not both")
+        self.settings = settings
         if concurrency_config is None:
             concurrency_config = ConcurrencyConfig(max_concurrent_envs=max_concurrent_envs or 1)
-        override = os.environ.get("OPENENV_MAX_SESSIONS", "").strip()
-        if override:  # the deployment decides (`openenv serve --max-sessions N` sets it)
-            if not override.isdigit() or int(override) < 1:
-                raise ValueError(f"OPENENV_MAX_SESSIONS must be a positive integer, got {override!r}")
-            concurrency_config = concurrency_config.model_copy(update={"max_concurrent_envs": int(override)})
+        if settings.max_sessions is not None:  # the deployment decides (`openenv serve --max-sessions N`)
+            concurrency_config = concurrency_config.model_copy(update={"max_concurrent_envs": settings.max_sessions})
         self._concurrency_config = concurrency_config
         self.action_cls = action_cls
         self.observation_cls = observation_cls
         self.reset_observation_cls = reset_observation_cls or observation_cls
         self.state_cls = state_cls
         self.env_name = env_name or getattr(env, "__name__", None) or type(env).__name__
-        self.mode = ServerMode.SIMULATION
-        if limits is None:
-            limits = ServerLimits.from_env(max_message_mb=max_message_size_mb)
-        elif max_message_size_mb is not None:
-            limits = limits.replace(max_message_mb=max_message_size_mb)
+        self.mode = settings.mode
+        limits = settings.limits
         self.limits = limits
         """What clients may make this server hold (read by the runner and the transport too)."""
         self.budget = InFlightBudget(limits.max_inflight_bytes)
@@ -192,15 +181,16 @@ class HTTPEnvServer:
             env,
             max_sessions=concurrency_config.max_concurrent_envs,
             session_timeout_s=concurrency_config.session_timeout,
-            step_timeout_s=step_timeout_s,
-            worker_threads=worker_threads,
+            step_timeout_s=settings.step_timeout_s,
+            worker_threads=settings.worker_threads,
             attached_idle_timeout_s=limits.session_idle_timeout_s or None,
+            sched_batch=settings.sched_batch,
         )
         self.max_message_chars = limits.max_message_bytes
-        self.error_details = shown_errors.configured(error_details)
-        self.auth_token = auth.configured(auth_token)
+        self.error_details = settings.error_details
+        self.auth_token = auth.checked_token(settings.auth_token)
         self.manager.prepare = self.prepare_session
-        self.mcp = MCPDispatcher(self.manager, action_cls, self.env_name)
+        self.mcp = MCPDispatcher(self.manager, action_cls, self.env_name, max_message_chars=self.max_message_chars)
         self.connection_watch = ConnectionWatch()
         self._metadata: Optional[EnvironmentMetadata] = None
         self._schema: Optional[Dict[str, Any]] = None
@@ -288,20 +278,8 @@ class HTTPEnvServer:
     async def _answer(self, operation: Callable[[], Any]) -> Any:
         try:
             return await operation()
-        except pydantic.ValidationError as exc:
-            return _json_response({"detail": json.loads(exc.json())}, status=422)
-        except (SessionNotFoundError, SessionClosedError) as exc:
-            return _error(404, "SESSION_ERROR", exc.message)
-        except SessionCreationError as exc:
-            return _error(409, "SESSION_ERROR", exc.message)
-        except StepTimeoutError as exc:
-            return _error(504, "TIMEOUT", exc.message)
-        except EnvironmentFactoryError as exc:
-            return _error(500, "FACTORY_ERROR", exc.message)
-        except SessionCapacityError as exc:
-            return _error(503, "CAPACITY_REACHED", exc.message)
         except Exception as exc:
-            return _error(500, "EXECUTION_ERROR", shown_errors.describe(exc, logger, "environment call failed"))
+            return http_error(exc, "environment call failed")
 
     async def _metadata_of_env(self) -> EnvironmentMetadata:
         if self._metadata is None:
@@ -343,12 +321,13 @@ class HTTPEnvServer:
     def _install_lifespan(self, app: FastAPI) -> None:
         previous = app.router.lifespan_context
         manager = self.manager
+        gc_tuning = self.settings.gc_tuning
 
         @contextlib.asynccontextmanager
         async def lifespan(application: Any) -> AsyncIterator[Any]:
             manager.reopen()  # served before (and shut down): take sessions again
             async with previous(application) as state:
-                with _serving_gc():
+                with _serving_gc(gc_tuning):
                     try:
                         yield state
                     finally:
@@ -445,166 +424,13 @@ class HTTPEnvServer:
             return await server._guarded(run)
 
     def _register_mcp_routes(self, app: FastAPI) -> None:
-        server = self
-
-        @app.post("/mcp", tags=["Environment Info"], summary="MCP / JSON-RPC endpoint")
-        async def mcp_post(request: Request) -> Any:
-            body = await request.body()
-            if len(body) > server.max_message_chars:
-                return _rpc(
-                    JsonRpcResponse.error_response(
-                        JsonRpcErrorCode.INVALID_REQUEST,
-                        f"Request body exceeds the server's limit of {server.max_message_chars} bytes",
-                    )
-                )
-            try:
-                raw = parse_json(body)
-            except ValueError:
-                return _rpc(JsonRpcResponse.error_response(JsonRpcErrorCode.PARSE_ERROR, "Parse error"))
-            if isinstance(raw, list):
-                return _rpc(
-                    JsonRpcResponse.error_response(
-                        JsonRpcErrorCode.INVALID_REQUEST, "Invalid request: batches are not supported"
-                    )
-                )
-            try:
-                rpc = JsonRpcRequest.model_validate(raw)
-            except pydantic.ValidationError as exc:
-                request_id = request_id_of(raw)
-                return _rpc(
-                    JsonRpcResponse.error_response(
-                        JsonRpcErrorCode.INVALID_REQUEST, f"Invalid request: {exc}", None, request_id
-                    )
-                )
-            header_session = request.headers.get("mcp-session-id")
-            protocol = request.headers.get("mcp-protocol-version")
-            if protocol is not None and protocol not in SUPPORTED_PROTOCOL_VERSIONS:
-                return _rpc(
-                    JsonRpcResponse.error_response(
-                        JsonRpcErrorCode.INVALID_REQUEST,
-                        f"Unsupported MCP-Protocol-Version {protocol!r}; supported: "
-                        + ", ".join(sorted(SUPPORTED_PROTOCOL_VERSIONS)),
-                        None,
-                        rpc.id,
-                    ),
-                    status=400,
-                )
-            mcp_dialect = protocol is not None or header_session is not None
-            session: Optional[Session] = None
-            headers: Dict[str, str] = {}
-            if header_session:
-                try:
-                    session = server.manager.get(header_session)
-                except SessionNotFoundError:
-                    return _rpc(
-                        JsonRpcResponse.error_response(
-                            JsonRpcErrorCode.INVALID_PARAMS, f"Unknown MCP session: {header_session}", None, rpc.id
-                        ),
-                        status=404,
-                    )
-                except SessionCreationError as exc:
-                    return _rpc(
-                        JsonRpcResponse.error_response(JsonRpcErrorCode.INVALID_REQUEST, exc.message, None, rpc.id)
-                    )
-            elif rpc.method == "initialize":
-                try:
-                    session = await server.mcp.create_session()
-                except Exception as exc:  # capacity, a failing factory, shutdown, ...: a JSON-RPC error
-                    message = shown_errors.describe(exc, logger, "could not open an MCP session")
-                    return _rpc(JsonRpcResponse.error_response(JsonRpcErrorCode.SERVER_ERROR, message, None, rpc.id))
-                headers["mcp-session-id"] = session.id
-            response = await server.mcp.dispatch(rpc, session=session, mcp_dialect=mcp_dialect)
-            if response is None:
-                return Response(status_code=202)
-            return _rpc(response, headers=headers)
-
-        @app.get("/mcp", include_in_schema=False)
-        async def mcp_get() -> Response:
-            return Response(status_code=405, headers={"allow": "POST, DELETE"})
-
-        @app.delete("/mcp", include_in_schema=False)
-        async def mcp_delete(request: Request) -> Response:
-            session_id = request.headers.get("mcp-session-id")
-            if not session_id:
-                return Response(status_code=400)
-            try:
-                await server.manager.request_close(session_id)
-            except SessionNotFoundError:
-                return Response(status_code=404)
-            except SessionCreationError:
-                return Response(status_code=409)
-            return Response(status_code=204)
-
-        @app.websocket("/mcp")
-        async def mcp_websocket(websocket: WebSocket) -> None:
-            await server._serve_mcp_socket(websocket)
-
-    async def _serve_mcp_socket(self, websocket: WebSocket) -> None:
-        await websocket.accept()
-        try:
-            session = await self.manager.create(SessionKind.SOCKET)
-        except SessionCapacityError as exc:
-            await _send_rpc_and_close(
-                websocket,
-                JsonRpcResponse.error_response(
-                    JsonRpcErrorCode.SERVER_ERROR,
-                    exc.message,
-                    {"active_sessions": exc.active_sessions, "max_sessions": exc.max_sessions},
-                ),
-                1013,
-            )
-            return
-        except EnvironmentFactoryError as exc:
-            await _send_rpc_and_close(
-                websocket,
-                JsonRpcResponse.error_response(
-                    JsonRpcErrorCode.SERVER_ERROR, exc.message, {"factory_name": exc.factory_name}
-                ),
-                1011,
-            )
-            return
-        except Exception as exc:
-            message = shown_errors.describe(exc, logger, "could not open an MCP session")
-            await _send_rpc_and_close(
-                websocket, JsonRpcResponse.error_response(JsonRpcErrorCode.SERVER_ERROR, message), 1011
-            )
-            return
-        try:
-            while True:
-                message = await websocket.receive()
-                if message["type"] == "websocket.disconnect":
-                    break
-                text = message.get("text")
-                response = await self._mcp_frame(text, session)
-                if response is not None:
-                    await websocket.send_text(dumps_json(response.model_dump()))
-        except Exception:
-            pass
-        finally:
-            await self.manager.detach(session)
-
-    async def _mcp_frame(self, text: Optional[str], session: Session) -> Optional[JsonRpcResponse]:
-        if text is None:
-            return JsonRpcResponse.error_response(
-                JsonRpcErrorCode.PARSE_ERROR, "Parse error: binary frames are not supported"
-            )
-        if len(text) > self.max_message_chars:
-            return JsonRpcResponse.error_response(
-                JsonRpcErrorCode.INVALID_REQUEST,
-                f"Message exceeds the server's limit of {self.max_message_chars} characters",
-            )
-        try:
-            raw = parse_json(text)
-        except ValueError as exc:
-            return JsonRpcResponse.error_response(JsonRpcErrorCode.PARSE_ERROR, f"Parse error: {exc}")
-        try:
-            rpc = JsonRpcRequest.model_validate(raw)
-        except pydantic.ValidationError as exc:
-            request_id = request_id_of(raw)
-            return JsonRpcResponse.error_response(
-                JsonRpcErrorCode.INVALID_REQUEST, f"Invalid request: {exc}", None, request_id
-            )
-        return await self.mcp.dispatch(rpc, session=session, socket_owned=True)
+        mcp = self.mcp
+        app.add_api_route(
+            "/mcp", mcp.serve_http, methods=["POST"], tags=["Environment Info"], summary="MCP / JSON-RPC endpoint"
+        )
+        app.add_api_route("/mcp", mcp.refuse_http_get, methods=["GET"], include_in_schema=False)
+        app.add_api_route("/mcp", mcp.close_http, methods=["DELETE"], include_in_schema=False)
+        app.add_api_websocket_route("/mcp", mcp.serve_socket)
 
     def _register_task_routes(self, app: FastAPI) -> None:
         server = self
@@ -699,16 +525,16 @@ def _checked_result(method: str, result: Any) -> Any:
 
 
 @contextlib.contextmanager
-def _serving_gc() -> Iterator[None]:
-    """Garbage-collector settings for a process that serves environments.
+def _serving_gc(enabled: bool) -> Iterator[None]:
+    """Garbage-collector settings for a process that serves environments, when asked for
+    (``OPENENV_GC_TUNING=1``; they change the whole process, so they are off by default).
 
     A server holds many long-lived objects (sessions, sockets, environments) and allocates a few
-    short-lived ones per step; with CPython's defaults the collector keeps rescanning the former
-    (a quarter of the CPU at 512 sessions). While the app is served, objects that exist at start-up
-    are frozen out of collection and young collections run every 10,000 allocations instead of 700.
-    ``OPENENV_GC_TUNING=0`` keeps the interpreter's settings.
+    short-lived ones per step; with CPython's defaults the collector keeps rescanning the former.
+    While the app is served, objects that exist at start-up are frozen out of collection and young
+    collections run every 10,000 allocations instead of 700.
     """
-    if os.environ.get("OPENENV_GC_TUNING", "1") == "0":
+    if not enabled:
         yield
         return
     thresholds = gc.get_threshold()
@@ -727,20 +553,6 @@ def _split_entry(split: Any) -> Any:
     return to_jsonable(split)
 
 
-def _rpc(response: JsonRpcResponse, status: int = 200, headers: Optional[Dict[str, str]] = None) -> Response:
-    return Response(
-        dumps_json(response.model_dump()), status_code=status, media_type="application/json", headers=headers
-    )
-
-
-async def _send_rpc_and_close(websocket: WebSocket, response: JsonRpcResponse, code: int) -> None:
-    try:
-        await websocket.send_text(dumps_json(response.model_dump()))
-        await websocket.close(code)
-    except Exception:
-        pass
-
-
 def create_fastapi_app(
     env: ENV_FACTORY,
     action_cls: Type[Action],
@@ -752,14 +564,10 @@ def create_fastapi_app(
     *,
     mode: Union[ServerMode, str, None] = None,
     reset_observation_cls: Optional[Type[Observation]] = None,
-    step_timeout_s: Optional[float] = None,
-    max_message_size_mb: Optional[float] = None,
-    worker_threads: Optional[int] = None,
-    error_details: Optional[bool] = None,
-    auth_token: Optional[str] = None,
-    limits: Optional[ServerLimits] = None,
+    **options: Unpack[ServerOptions],
 ) -> FastAPI:
-    """A FastAPI app serving ``env`` (see :class:`HTTPEnvServer`); ``mode`` defaults to ``$OPENENV_MODE``."""
+    """A FastAPI app serving ``env`` (see :class:`HTTPEnvServer` for ``options``); ``mode``
+    defaults to simulation, and ``$OPENENV_MODE``, when set, decides instead."""
     app = FastAPI(
         title="OpenEnv Environment HTTP API",
         version="1.0.0",
@@ -773,6 +581,7 @@ def create_fastapi_app(
             {"name": "Health", "description": "Liveness"},
         ],
     )
+    settings = ServerSettings.resolve(mode=mode, **options)
     server = HTTPEnvServer(
         env,
         action_cls,
@@ -782,14 +591,9 @@ def create_fastapi_app(
         env_name=env_name,
         state_cls=state_cls,
         reset_observation_cls=reset_observation_cls,
-        step_timeout_s=step_timeout_s,
-        max_message_size_mb=max_message_size_mb,
-        worker_threads=worker_threads,
-        error_details=error_details,
-        auth_token=auth_token,
-        limits=limits,
+        settings=settings,
     )
-    server.register_routes(app, _resolve_mode(mode))
+    server.register_routes(app, settings.mode)
     app.state.openenv_server = server
     return app
 

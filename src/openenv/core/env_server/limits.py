@@ -91,23 +91,12 @@ class ServerLimits:
                 raise ValueError(f"ServerLimits.{name} must be a whole number")
 
     @classmethod
-    def from_env(cls, environ: Optional[Mapping[str, str]] = None, **overrides: Any) -> ServerLimits:
-        """The limits ``OPENENV_*`` sets (``environ``: ``os.environ``), with ``overrides`` (keyword
-        arguments that are not None) taking precedence."""
-        env = os.environ if environ is None else environ
-        values = dict(
-            max_message_mb=_number(env, "OPENENV_MAX_MESSAGE_MB", 32.0, "MiB"),
-            max_inflight_mb=_number(env, "OPENENV_MAX_INFLIGHT_MB", None, "MiB"),
-            header_timeout_s=_number(env, "OPENENV_HEADER_TIMEOUT_S", 10.0, "seconds"),
-            max_connections_per_client=_number(env, "OPENENV_MAX_CONNECTIONS_PER_CLIENT", 256, "connections", True),
-            max_local_connections=_number(env, "OPENENV_MAX_LOCAL_CONNECTIONS", 0, "connections", True),
-            session_idle_timeout_s=_number(env, "OPENENV_SESSION_IDLE_TIMEOUT_S", 600.0, "seconds"),
-            max_unsent_mb=_number(env, "OPENENV_MAX_UNSENT_MB", 64.0, "MiB"),
-        )
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        if values["max_message_mb"] == 0:
-            raise ValueError("OPENENV_MAX_MESSAGE_MB must be more than 0 (it is the largest frame accepted)")
-        return cls(**values)
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None, **fields: Any) -> ServerLimits:
+        """The limits ``OPENENV_*`` sets (``environ``: ``os.environ``) over ``fields`` (keyword
+        arguments that are not None) over the defaults: a variable that is set wins, as for every
+        setting (see :mod:`.settings`)."""
+        base = cls(**{k: v for k, v in fields.items() if v is not None})
+        return limits_from_env(os.environ if environ is None else environ, base)
 
     def replace(self, **changes: Any) -> ServerLimits:
         return dataclasses.replace(self, **changes)
@@ -125,6 +114,29 @@ class ServerLimits:
     @property
     def max_unsent_bytes(self) -> Optional[int]:
         return int(self.max_unsent_mb * _MIB) or None
+
+
+_VARIABLES = (
+    ("max_message_mb", "OPENENV_MAX_MESSAGE_MB", "MiB", False),
+    ("max_inflight_mb", "OPENENV_MAX_INFLIGHT_MB", "MiB", False),
+    ("header_timeout_s", "OPENENV_HEADER_TIMEOUT_S", "seconds", False),
+    ("max_connections_per_client", "OPENENV_MAX_CONNECTIONS_PER_CLIENT", "connections", True),
+    ("max_local_connections", "OPENENV_MAX_LOCAL_CONNECTIONS", "connections", True),
+    ("session_idle_timeout_s", "OPENENV_SESSION_IDLE_TIMEOUT_S", "seconds", False),
+    ("max_unsent_mb", "OPENENV_MAX_UNSENT_MB", "MiB", False),
+)
+
+
+def limits_from_env(environ: Mapping[str, str], base: ServerLimits) -> ServerLimits:
+    """``base`` with each field whose ``OPENENV_*`` variable is set in ``environ`` replaced."""
+    changes = {}
+    for field, name, unit, integer in _VARIABLES:
+        value = _number(environ, name, None, unit, integer)
+        if value is not None:
+            changes[field] = value
+    if changes.get("max_message_mb", 1) == 0:
+        raise ValueError("OPENENV_MAX_MESSAGE_MB must be more than 0 (it is the largest frame accepted)")
+    return base.replace(**changes) if changes else base
 
 
 class InFlightBudget:

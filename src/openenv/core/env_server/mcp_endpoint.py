@@ -1,4 +1,8 @@
-"""JSON-RPC dispatch for ``/mcp`` (HTTP and WebSocket) and ``{"type": "mcp"}`` frames on ``/ws``.
+"""MCP over JSON-RPC: ``POST``/``DELETE /mcp``, ``WS /mcp``, and ``{"type": "mcp"}`` frames on ``/ws``.
+
+The three transports share one parse (:func:`parse_request`), one dispatcher
+(:meth:`MCPDispatcher.dispatch`) and one error renderer (:func:`rpc_error`, by the table of
+:mod:`.exceptions`).
 
 Methods: ``tools/list`` and ``tools/call``; OpenEnv's ``openenv/session/create`` and
 ``openenv/session/close``; and the MCP lifecycle (``initialize``, ``ping``, ``notifications/*``)
@@ -15,16 +19,15 @@ the MCP specification asks. A ``tools/call`` result carries both key styles: ``c
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Dict, Optional, Type
+from typing import Any, Callable, Dict, Optional, Type, Union
+
+import pydantic
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.websockets import WebSocket
 
 from . import error_details as shown_errors
-from .exceptions import (
-    EnvironmentFactoryError,
-    SessionCapacityError,
-    SessionCreationError,
-    SessionNotFoundError,
-    StepTimeoutError,
-)
+from .exceptions import EXECUTION, OpenEnvError, SessionNotFoundError, kind_of
 from .mcp_types import (
     CallToolAction,
     JsonRpcErrorCode,
@@ -33,9 +36,10 @@ from .mcp_types import (
     ListToolsAction,
     ListToolsObservation,
     ToolErrorType,
+    request_id_of,
 )
-from .serialization import dumps_json
-from .sessions import Session, SessionClosedError, SessionKind, SessionManager
+from .serialization import dumps_json, parse_json
+from .sessions import Session, SessionKind, SessionManager
 from .types import Action
 
 logger = logging.getLogger("openenv.server")
@@ -52,6 +56,52 @@ class _RpcError(Exception):
         self.message = message
         self.data = data
         super().__init__(message)
+
+
+def rpc_error(exc: BaseException, request_id: Any = None, what: str = "MCP request failed") -> JsonRpcResponse:
+    """The JSON-RPC error answering ``exc``, by the table of :mod:`.exceptions`: an OpenEnv error
+    with its code, message and ``data`` (its ``/ws`` code and details); anything else as an
+    internal error, worded by :func:`.error_details.describe`. ``data`` carries the ``/ws`` code
+    and the details where there are any (a timeout's ``timeout_s``, capacity's counts)."""
+    if isinstance(exc, _RpcError):
+        return JsonRpcResponse.error_response(exc.code, exc.message, exc.data, request_id)
+    kind = kind_of(exc)
+    if isinstance(exc, OpenEnvError) and kind is not EXECUTION:
+        details = exc.details()
+        data = {"code": kind.ws_code, **details} if details else None  # upstream sends no data
+        return JsonRpcResponse.error_response(kind.rpc_code, exc.text, data, request_id)
+    message = shown_errors.describe(exc, logger, what)
+    return JsonRpcResponse.error_response(kind.rpc_code, message, None, request_id)
+
+
+def parse_request(message: Any, max_chars: int) -> Union[JsonRpcRequest, JsonRpcResponse]:
+    """The JSON-RPC request in ``message`` (a frame's text, a body's bytes, or JSON already
+    parsed), or the error response saying why there is none."""
+    if isinstance(message, (str, bytes)):
+        if len(message) > max_chars:
+            return JsonRpcResponse.error_response(
+                JsonRpcErrorCode.INVALID_REQUEST, f"Message exceeds the server's limit of {max_chars} bytes"
+            )
+        try:
+            message = parse_json(message)
+        except ValueError as exc:
+            return JsonRpcResponse.error_response(JsonRpcErrorCode.PARSE_ERROR, f"Parse error: {exc}")
+    if isinstance(message, list):
+        return JsonRpcResponse.error_response(
+            JsonRpcErrorCode.INVALID_REQUEST, "Invalid request: batches are not supported"
+        )
+    try:
+        return JsonRpcRequest.model_validate(message)
+    except pydantic.ValidationError as exc:
+        return JsonRpcResponse.error_response(
+            JsonRpcErrorCode.INVALID_REQUEST, f"Invalid request: {exc}", None, request_id_of(message)
+        )
+
+
+def _rpc_reply(response: JsonRpcResponse, status: int = 200, headers: Optional[Dict[str, str]] = None) -> Response:
+    return Response(
+        dumps_json(response.model_dump()), status_code=status, media_type="application/json", headers=headers
+    )
 
 
 def _tool_listing(tool: Any) -> Dict[str, Any]:
@@ -74,8 +124,10 @@ class MCPDispatcher:
         action_cls: Type[Action],
         server_name: str,
         server_version: str = "1.0.0",
+        max_message_chars: int = 32 * 1024 * 1024,
     ) -> None:
         self.manager = manager
+        self.max_message_chars = max_message_chars
         self.action_cls = action_cls
         self.server_name = server_name
         self.server_version = server_version
@@ -99,20 +151,102 @@ class MCPDispatcher:
         """
         try:
             result = await self._dispatch(request, session, socket_owned, mcp_dialect)
-        except _RpcError as err:
-            return JsonRpcResponse.error_response(err.code, err.message, err.data, request.id)
-        except StepTimeoutError as exc:
-            return JsonRpcResponse.error_response(
-                JsonRpcErrorCode.INTERNAL_ERROR, exc.message, {"code": "TIMEOUT"}, request.id
-            )
-        except SessionClosedError as exc:  # closed while this request waited for it: as if unknown
-            return JsonRpcResponse.error_response(JsonRpcErrorCode.INVALID_PARAMS, exc.message, None, request.id)
         except Exception as exc:
-            message = shown_errors.describe(exc, logger, f"MCP request {request.method} failed")
-            return JsonRpcResponse.error_response(JsonRpcErrorCode.INTERNAL_ERROR, message, None, request.id)
+            return rpc_error(exc, request.id, f"MCP request {request.method} failed")
         if result is _NO_RESPONSE:
             return None
         return JsonRpcResponse.success(result, request.id)
+
+    # --- the transports -------------------------------------------------------------------
+
+    async def serve_http(self, request: Request) -> Response:
+        """``POST /mcp``: one request; an MCP client's session travels in ``Mcp-Session-Id``
+        (made by ``initialize``), an OpenEnv client's in ``params.session_id`` (or none)."""
+        rpc = parse_request(await request.body(), self.max_message_chars)
+        if isinstance(rpc, JsonRpcResponse):
+            return _rpc_reply(rpc)
+        header_session = request.headers.get("mcp-session-id")
+        protocol = request.headers.get("mcp-protocol-version")
+        if protocol is not None and protocol not in SUPPORTED_PROTOCOL_VERSIONS:
+            message = f"Unsupported MCP-Protocol-Version {protocol!r}; supported: " + ", ".join(
+                sorted(SUPPORTED_PROTOCOL_VERSIONS)
+            )
+            return _rpc_reply(
+                JsonRpcResponse.error_response(JsonRpcErrorCode.INVALID_REQUEST, message, None, rpc.id), status=400
+            )
+        session: Optional[Session] = None
+        headers: Dict[str, str] = {}
+        try:
+            if header_session:
+                session = self.manager.get(header_session)
+            elif rpc.method == "initialize":
+                session = await self.create_session()
+                headers["mcp-session-id"] = session.id
+        except SessionNotFoundError:
+            message = f"Unknown MCP session: {header_session}"
+            error = JsonRpcResponse.error_response(JsonRpcErrorCode.INVALID_PARAMS, message, None, rpc.id)
+            return _rpc_reply(error, status=404)
+        except Exception as exc:  # capacity, a failing factory, shutdown, ...: a JSON-RPC error
+            return _rpc_reply(rpc_error(exc, rpc.id, "could not open an MCP session"))
+        mcp_dialect = protocol is not None or header_session is not None
+        response = await self.dispatch(rpc, session=session, mcp_dialect=mcp_dialect)
+        if response is None:
+            return Response(status_code=202)
+        return _rpc_reply(response, headers=headers)
+
+    async def refuse_http_get(self) -> Response:
+        """``GET /mcp``: this server streams nothing to MCP clients."""
+        return Response(status_code=405, headers={"allow": "POST, DELETE"})
+
+    async def close_http(self, request: Request) -> Response:
+        """``DELETE /mcp``: close the MCP session named in ``Mcp-Session-Id``."""
+        session_id = request.headers.get("mcp-session-id")
+        if not session_id:
+            return Response(status_code=400)
+        try:
+            await self.manager.request_close(session_id)
+        except OpenEnvError as exc:
+            return Response(status_code=kind_of(exc).http_status)
+        return Response(status_code=204)
+
+    async def serve_socket(self, websocket: WebSocket) -> None:
+        """``WS /mcp``: one session for the socket's life, one JSON-RPC request per text frame."""
+        await websocket.accept()
+        try:
+            session = await self.manager.create(SessionKind.SOCKET)
+        except Exception as exc:
+            error = rpc_error(exc, None, "could not open an MCP session")
+            try:
+                await websocket.send_text(dumps_json(error.model_dump()))
+                await websocket.close(kind_of(exc).close_code)
+            except Exception:
+                pass
+            return
+        try:
+            while True:
+                message = await websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                text = message.get("text")
+                if text is None:
+                    response: Optional[JsonRpcResponse] = JsonRpcResponse.error_response(
+                        JsonRpcErrorCode.PARSE_ERROR, "Parse error: binary frames are not supported"
+                    )
+                else:
+                    rpc = parse_request(text, self.max_message_chars)
+                    response = (
+                        rpc
+                        if isinstance(rpc, JsonRpcResponse)
+                        else await self.dispatch(rpc, session=session, socket_owned=True)
+                    )
+                if response is not None:
+                    await websocket.send_text(dumps_json(response.model_dump()))
+        except Exception:
+            pass
+        finally:
+            await self.manager.detach(session)
+
+    # --- methods ----------------------------------------------------------------------------
 
     async def _dispatch(
         self, request: JsonRpcRequest, session: Optional[Session], socket_owned: bool, mcp_dialect: bool
@@ -125,18 +259,7 @@ class MCPDispatcher:
         if method == "openenv/session/create":
             if session is not None and socket_owned:
                 return {"session_id": session.id}
-            try:
-                created = await self.create_session()
-            except SessionCapacityError as exc:
-                raise _RpcError(
-                    JsonRpcErrorCode.SERVER_ERROR,
-                    exc.message,
-                    {"active_sessions": exc.active_sessions, "max_sessions": exc.max_sessions},
-                ) from None
-            except EnvironmentFactoryError as exc:
-                raise _RpcError(
-                    JsonRpcErrorCode.SERVER_ERROR, exc.message, {"factory_name": exc.factory_name}
-                ) from None
+            created = await self.create_session()
             return {"session_id": created.id}
         if method == "openenv/session/close":
             session_id = params.get("session_id")
@@ -147,12 +270,7 @@ class MCPDispatcher:
                     JsonRpcErrorCode.INVALID_REQUEST,
                     "Cannot close the session of this connection; close the connection instead",
                 )
-            try:
-                return await self.manager.request_close(str(session_id))
-            except SessionCreationError as exc:
-                raise _RpcError(JsonRpcErrorCode.INVALID_REQUEST, exc.message) from None
-            except SessionNotFoundError:
-                raise _RpcError(JsonRpcErrorCode.INVALID_PARAMS, f"Unknown session_id: {session_id}") from None
+            return await self.manager.request_close(str(session_id))
         if method == "initialize":
             requested = params.get("protocolVersion")
             version = requested if requested in SUPPORTED_PROTOCOL_VERSIONS else LATEST_PROTOCOL_VERSION
@@ -173,13 +291,7 @@ class MCPDispatcher:
     ) -> Any:
         """Run ``operation`` on the request's session, the one named in params, or a throw-away one."""
         if session is None and params.get("session_id"):
-            session_id = str(params["session_id"])
-            try:
-                session = self.manager.get(session_id)
-            except SessionNotFoundError:
-                raise _RpcError(JsonRpcErrorCode.INVALID_PARAMS, f"Unknown session_id: {session_id}") from None
-            except SessionCreationError as exc:
-                raise _RpcError(JsonRpcErrorCode.INVALID_REQUEST, exc.message) from None
+            session = self.manager.get(str(params["session_id"]))
         if session is not None:
             return await operation(session)
         async with self.manager.temporary() as temporary:

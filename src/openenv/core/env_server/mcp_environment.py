@@ -22,9 +22,16 @@ from fastmcp.tools import Tool as FastMCPTool
 
 from ..utils import run_async_safely, timeout_after
 from . import error_details as shown_errors
+from ._compat.fastmcp import (
+    DirectTool,
+    DirectTools,
+    ToolBodyError,
+    body_error_message,
+    masks_error_details,
+    tool_result_payload,
+)
 from .exceptions import EnvironmentCallError
 from .interfaces import Environment, Transform
-from .mcp_direct import DirectTool, DirectTools, ToolBodyError, body_error_message, tool_result_payload
 from .mcp_types import (
     RESERVED_TOOL_NAMES,
     CallToolAction,
@@ -274,7 +281,7 @@ class MCPEnvironment(Environment):
         return await self._guarded_call(name, arguments, timeout_s, as_payload=True)
 
     def _masks_errors(self) -> bool:
-        return getattr(self.mcp_server, "_mask_error_details", False) is True
+        return masks_error_details(self.mcp_server)
 
     def _inline_tool(self, name: str) -> Optional[DirectTool]:
         """The tool, when it is a known direct tool declared to run on the loop."""

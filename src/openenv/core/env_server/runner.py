@@ -2,7 +2,7 @@
 
 The runners apply the app's :class:`~.limits.ServerLimits` (those of an OpenEnv app, else the
 ones ``OPENENV_*`` sets) to the transport: uvicorn's WebSocket frame limit is the app's message
-limit, the WebSocket protocol of :mod:`.ws_protocol` refuses larger frames before buffering them
+limit, the WebSocket protocol of :mod:`._compat.uvicorn` refuses larger frames before buffering them
 and shares the app's budget of bytes in flight, and :mod:`._compat.uvicorn` guards each
 connection (the header timeout and the per-client connection cap).
 """
@@ -16,17 +16,21 @@ import threading
 import time
 from typing import Any, Optional, Sequence, Tuple
 
-from ._compat import uvicorn as guard
+from ._compat import uvicorn as uvicorn_compat
 from .limits import InFlightBudget, ServerLimits
+from .settings import ServerSettings, library_internals_enabled
 
 
-def _limits_of(app: Any) -> Tuple[ServerLimits, Optional[InFlightBudget]]:
+def _limits_of(app: Any) -> Tuple[ServerLimits, Optional[InFlightBudget], bool]:
+    """The app's limits, its budget of bytes in flight, and whether other libraries' internals
+    may be relied on (``OPENENV_LIBRARY_INTERNALS``); for an app that is not OpenEnv's, what
+    ``OPENENV_*`` says."""
     server = getattr(getattr(app, "state", None), "openenv_server", None)
-    limits = getattr(server, "limits", None)
-    if isinstance(limits, ServerLimits):
-        return limits, getattr(server, "budget", None)
+    settings = getattr(server, "settings", None)
+    if isinstance(settings, ServerSettings):
+        return settings.limits, getattr(server, "budget", None), settings.library_internals
     limits = ServerLimits.from_env()
-    return limits, InFlightBudget(limits.max_inflight_bytes)
+    return limits, InFlightBudget(limits.max_inflight_bytes), library_internals_enabled()
 
 
 def uvicorn_config(
@@ -38,12 +42,12 @@ def uvicorn_config(
     **overrides: Any,
 ) -> Any:
     """A ``uvicorn.Config`` with OpenEnv's defaults (one worker, uvloop when installed, the
-    WebSocket protocol of :mod:`.ws_protocol`) and the app's limits (see the module docstring).
+    WebSocket protocol of :mod:`._compat.uvicorn`) and the app's limits (see the module docstring).
     Its ``openenv_connections`` is the :class:`~._compat.uvicorn.ConnectionTable` of the guarded
     connections (None when they are not guarded)."""
     import uvicorn
 
-    limits, budget = _limits_of(app)
+    limits, budget, internals = _limits_of(app)
     options: dict = dict(
         host=host,
         port=port,
@@ -53,19 +57,20 @@ def uvicorn_config(
         lifespan="on",
         timeout_graceful_shutdown=5,
     )
-    ws = _ws_protocol()
+    ws = uvicorn_compat.OpenEnvWebSocketProtocol if internals and uvicorn_compat.tested() else None
     if ws is not None:
         options["ws"] = ws.bound(limits, budget)
     options.update(overrides)
     table = None
     if (
-        guard.enabled()
+        internals
+        and uvicorn_compat.tested()
         and not options.get("reset_contextvars")
         and not options.get("http2")
         and not isinstance(app, str)
         and (limits.header_timeout_s or limits.max_connections_per_client or limits.max_local_connections)
     ):
-        table = guard.ConnectionTable(
+        table = uvicorn_compat.ConnectionTable(
             limits.max_connections_per_client, limits.header_timeout_s, limits.max_local_connections
         )
         http = options.get("http", "auto")
@@ -74,19 +79,11 @@ def uvicorn_config(
             from uvicorn.importer import import_from_string
 
             http = import_from_string(HTTP_PROTOCOLS.get(http, http))
-        options["http"] = guard.guard_http(http, table)
-        app = guard.GuardedApp(app)
+        options["http"] = uvicorn_compat.guard_http(http, table)
+        app = uvicorn_compat.GuardedApp(app)
     config = uvicorn.Config(app, **options)
     config.openenv_connections = table  # type: ignore[attr-defined]
     return config
-
-
-def _ws_protocol() -> Any:
-    try:
-        from .ws_protocol import OpenEnvWebSocketProtocol, compatible
-    except ImportError:  # a uvicorn without the sans-I/O WebSocket protocol: keep its default
-        return None
-    return OpenEnvWebSocketProtocol if compatible() else None
 
 
 def run_server(

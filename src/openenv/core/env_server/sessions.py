@@ -29,7 +29,6 @@ import contextlib
 import functools
 import inspect
 import logging
-import os
 import sys
 import time
 import uuid
@@ -39,7 +38,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Deque, Dict, FrozenS
 
 import pydantic
 
-from ..utils import number_from_env, timeout_after, within
+from ..utils import timeout_after, within
 from .exceptions import (
     ConcurrencyConfigurationError,
     EnvironmentCallError,
@@ -274,11 +273,6 @@ def env_class_of(factory: Any) -> Optional[type]:
     return factory if isinstance(factory, type) else None
 
 
-def _timeout_from_env() -> Optional[float]:
-    value = number_from_env("OPENENV_STEP_TIMEOUT_S", "seconds")
-    return value if value is not None and value > 0 else None
-
-
 class SessionManager:
     """Creates, runs and retires sessions; see the module docstring."""
 
@@ -292,6 +286,7 @@ class SessionManager:
         step_timeout_s: Optional[float] = None,
         worker_threads: Optional[int] = None,
         attached_idle_timeout_s: Optional[float] = None,
+        sched_batch: bool = False,
     ) -> None:
         if not callable(factory):
             raise TypeError("factory must be callable")
@@ -304,16 +299,18 @@ class SessionManager:
         self.detached_session_timeout_s = detached_session_timeout_s
         self.attached_idle_timeout_s = attached_idle_timeout_s or None
         self._reaped: OrderedDict[str, str] = OrderedDict()  # id -> why it was closed
-        self.step_timeout_s = step_timeout_s if step_timeout_s is not None else _timeout_from_env()
+        self.step_timeout_s = step_timeout_s or None
         self.env_cls = env_class_of(factory)
         if self.env_cls is not None:
             self._check_concurrency(self.env_cls)
         single = bool(getattr(self.env_cls, "REQUIRES_SINGLE_THREAD_EXECUTOR", False))
-        if worker_threads is None:
-            worker_threads = int(os.environ.get("OPENENV_WORKER_THREADS", "0")) or min(max_sessions + 1, 16)
+        if not worker_threads:
+            worker_threads = min(max_sessions + 1, 16)
         # One thread and no replacement for an environment that needs a single thread: while a
         # call that was given up on still runs, other calls wait for that thread.
-        self.pool = WorkerPool(1 if single else worker_threads, name="openenv-env", max_stuck=0 if single else None)
+        self.pool = WorkerPool(
+            1 if single else worker_threads, name="openenv-env", batch=sched_batch, max_stuck=0 if single else None
+        )
         self._sessions: Dict[str, Session] = {}
         self._temporary_slots = asyncio.Semaphore(max_sessions)
         self._background: Set[asyncio.Task] = set()

@@ -17,12 +17,14 @@ result fell by a fifth:
   ``os.write``, which lets go of the GIL for the write. uvloop's ``call_soon_threadsafe`` writes
   its wake-up while holding the GIL, so the woken loop often has to sleep again until the worker
   lets go of it. Loops that cannot watch a file descriptor get ``call_soon_threadsafe``.
-* Workers run under Linux's ``SCHED_BATCH`` policy: a worker that is woken does not preempt the
+* Workers may run under Linux's ``SCHED_BATCH`` policy (``WorkerPool(..., batch=True)``; a
+  server's with ``OPENENV_SCHED_BATCH=1``: it changes threads and the processes a step starts, so
+  it is off unless asked for): a worker that is woken does not preempt the
   thread that woke it. That thread is the event loop, which holds the GIL until it next waits,
   so a worker that preempted it could not run Python anyway and would only switch back. The
   policy changes wake-up preemption only, not a thread's share of the CPU; threads and processes
   an environment starts from a step inherit it. A thread that already runs under another policy
-  (set with ``chrt``, say) keeps it; ``WorkerPool(..., batch=False)`` turns the change off.
+  (set with ``chrt``, say) keeps it.
 """
 
 from __future__ import annotations
@@ -275,7 +277,7 @@ class WorkerPool:
     """
 
     def __init__(
-        self, max_workers: int, name: str = "openenv-worker", batch: bool = True, max_stuck: Optional[int] = None
+        self, max_workers: int, name: str = "openenv-worker", batch: bool = False, max_stuck: Optional[int] = None
     ) -> None:
         if max_workers < 1:
             raise ValueError("max_workers must be >= 1")

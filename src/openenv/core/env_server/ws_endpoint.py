@@ -21,15 +21,10 @@ import pydantic
 
 from . import auth
 from . import error_details as shown_errors
-from .exceptions import (
-    EnvironmentFactoryError,
-    SessionCapacityError,
-    SessionCreationError,
-    SessionNotFoundError,
-    StepTimeoutError,
-)
+from .exceptions import EXECUTION, VALIDATION, OpenEnvError, kind_of
 from .limits import BUDGET_EXEMPT_BYTES
-from .mcp_types import JsonRpcErrorCode, JsonRpcRequest, JsonRpcResponse, WSMCPMessage, request_id_of
+from .mcp_endpoint import parse_request
+from .mcp_types import JsonRpcErrorCode, JsonRpcResponse, WSMCPMessage, request_id_of
 from .serialization import (
     MAX_JSON_DEPTH,
     WS_ENVELOPE_KEYS,
@@ -39,7 +34,7 @@ from .serialization import (
     parse_json,
     to_json_bytes,
 )
-from .sessions import Session, SessionClosedError, SessionKind
+from .sessions import Session, SessionKind
 from .types import ResetRequest, WSErrorCode, WSResetMessage, WSStateMessage, WSStepMessage
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -70,6 +65,19 @@ def error_frame(code: WSErrorCode, message: str, **extra: Any) -> str:
 
 def _validation_frame(exc: pydantic.ValidationError) -> str:
     return error_frame(WSErrorCode.VALIDATION_ERROR, "Invalid message", errors=json.loads(exc.json()))
+
+
+def error_frame_of(exc: BaseException, what: str, fallback: WSErrorCode = WSErrorCode.EXECUTION_ERROR) -> str:
+    """The error frame answering ``exc``, by the table of :mod:`.exceptions`: an invalid message's
+    pydantic errors, an OpenEnv error's code, message and details; anything else as ``fallback``
+    (an execution error), worded by :func:`.error_details.describe` and naming the exception."""
+    kind = kind_of(exc)
+    if kind is VALIDATION:
+        return _validation_frame(exc)  # type: ignore[arg-type]
+    if isinstance(exc, OpenEnvError) and kind is not EXECUTION:
+        return error_frame(WSErrorCode(kind.ws_code), exc.text, **exc.details())
+    message = shown_errors.describe(exc, logger, what)
+    return error_frame(fallback, message, exception=shown_errors.exception_name(exc))
 
 
 def _envelope_error(model: type, message: Any) -> str:
@@ -367,28 +375,10 @@ class WSConnection:
             if session_id:
                 return self.manager.attach(session_id)
             return await self.manager.create(SessionKind.SOCKET)
-        except SessionCapacityError as exc:
-            frame = error_frame(
-                WSErrorCode.CAPACITY_REACHED,
-                exc.message,
-                active_sessions=exc.active_sessions,
-                max_sessions=exc.max_sessions,
-            )
-            close_code = 1013  # try again later
-        except EnvironmentFactoryError as exc:
-            frame = error_frame(WSErrorCode.FACTORY_ERROR, exc.message, factory_name=exc.factory_name)
-            close_code = 1011
-        except StepTimeoutError as exc:  # the factory ran past the step timeout
-            frame = error_frame(WSErrorCode.TIMEOUT, exc.message, timeout_s=exc.timeout_s)
-            close_code = 1011
-        except (SessionNotFoundError, SessionCreationError) as exc:
-            frame = error_frame(WSErrorCode.SESSION_ERROR, exc.message)
-            close_code = 1008
         except Exception as exc:
-            frame = error_frame(
-                WSErrorCode.SESSION_ERROR, shown_errors.describe(exc, logger, "could not open a session")
-            )
-            close_code = 1011
+            kind = kind_of(exc)
+            frame = error_frame_of(exc, "could not open a session", fallback=WSErrorCode.SESSION_ERROR)
+            close_code = kind.close_code
         try:
             await self.send({"type": "websocket.send", "text": frame})
         except Exception:
@@ -399,7 +389,7 @@ class WSConnection:
     async def _process(self) -> None:
         send, receive, backlog = self.send, self.receive, self._backlog
         loop = asyncio.get_running_loop()
-        # Our protocol writes a text message at once where it can (see ws_protocol), sparing the
+        # Our protocol writes a text message at once where it can (see _compat.uvicorn), sparing the
         # ASGI send's coroutine and websockets' framing.
         send_now = getattr(getattr(send, "__self__", None), "send_text_now", None)
         while True:
@@ -484,17 +474,8 @@ class WSConnection:
                 return CLOSE
             if kind == "mcp":
                 return await self._mcp(message)
-        except pydantic.ValidationError as exc:
-            return _validation_frame(exc)
-        except StepTimeoutError as exc:
-            return error_frame(WSErrorCode.TIMEOUT, exc.message, timeout_s=exc.timeout_s)
-        except SessionClosedError as exc:
-            return error_frame(WSErrorCode.SESSION_ERROR, exc.message)
-        except EnvironmentFactoryError as exc:
-            return error_frame(WSErrorCode.FACTORY_ERROR, exc.message, factory_name=exc.factory_name)
         except Exception as exc:
-            message = shown_errors.describe(exc, logger, "environment call failed")
-            return error_frame(WSErrorCode.EXECUTION_ERROR, message, exception=shown_errors.exception_name(exc))
+            return error_frame_of(exc, "environment call failed")
         shown = kind if isinstance(kind, str) else ("" if kind is None else json.dumps(kind))
         return error_frame(WSErrorCode.UNKNOWN_TYPE, f"Unknown message type: {shown}")
 
@@ -519,14 +500,11 @@ class WSConnection:
         if not message.keys() <= WS_ENVELOPE_KEYS or not isinstance(message.get("data"), dict):
             return _envelope_error(WSMCPMessage, message)
         data = message["data"]
-        try:
-            request = JsonRpcRequest.model_validate(data)
-        except pydantic.ValidationError as exc:
-            response: Optional[JsonRpcResponse] = JsonRpcResponse.error_response(
-                JsonRpcErrorCode.INVALID_REQUEST, f"Invalid request: {exc}", None, request_id_of(data)
-            )
+        rpc = parse_request(data, self.max_chars)
+        if isinstance(rpc, JsonRpcResponse):
+            response: Optional[JsonRpcResponse] = rpc
         else:
-            response = await self.server.mcp.dispatch(request, session=self.session, socket_owned=True)
+            response = await self.server.mcp.dispatch(rpc, session=self.session, socket_owned=True)
         if response is None:
             response = JsonRpcResponse.success({}, request_id_of(data))
         self.session.touch()  # type: ignore[union-attr]

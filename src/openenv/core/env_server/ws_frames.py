@@ -61,7 +61,7 @@ def client_text(data: bytes, max_chars: int, max_bytes: Optional[int] = None) ->
     """The text of ``data`` when it is exactly one complete, unfragmented, masked client text
     frame of at most ``max_chars`` characters (and ``max_bytes`` bytes of payload, websockets'
     ``max_size``); else None (websockets' parser reads it then). Read it only where
-    :func:`._compat.websockets.between_frames` holds."""
+    the WebSocket parser is between frames (see :mod:`._compat.uvicorn`)."""
     size = len(data)
     if size < 6 or data[0] != _TEXT_FIN or not data[1] & 0x80:
         return None
