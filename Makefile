@@ -12,7 +12,7 @@ TORCH ?= torch==2.13.0
 # Every environment package of the catalogue (envs/<name>_env), installed editable with its dependencies.
 ENVS := $(sort $(patsubst %/pyproject.toml,%,$(wildcard envs/*_env/pyproject.toml)))
 
-.PHONY: setup demo test lint format bench interop train-blackjack clean
+.PHONY: setup demo test test-newest lint format bench interop train-blackjack clean
 
 $(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(ENVS))
 	bash scripts/install-bubblewrap.sh
@@ -27,9 +27,13 @@ setup: $(STAMP)  ## create .venv with the project, its dev tools and every envir
 demo: setup  ## start the echo environment and run its quick-start against it
 	$(PY) examples/echo_demo.py
 
-test: setup  ## lint, then run the test suite
+test: setup  ## lint (ruff, the import layers), then run the test suite
 	$(PY) -m ruff check src tests envs examples bench
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q
+
+test-newest:  ## the server tests with the newest uvicorn, websockets, fastmcp, fastapi, starlette (own venv, .venv-newest)
+	PYTHON=$(PYTHON) bash scripts/test-newest.sh
 
 lint: setup
 	$(PY) -m ruff check src tests envs examples bench
@@ -53,4 +57,4 @@ interop: setup  ## drive upstream openenv 0.10.0 with our client and ours with t
 	bash scripts/interop.sh
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-newest build dist src/*.egg-info .pytest_cache .ruff_cache

@@ -60,6 +60,25 @@ def connect(*args: Any, **kwargs: Any) -> Any:
     return ws_connect(*args, **kwargs)
 
 
+def pytest_collection_modifyitems(items: Any) -> None:
+    """Skip the tests of what relies on a library's internals where that is not used (with
+    ``OPENENV_LIBRARY_INTERNALS=0``, or on a release past the tested ones): the server then runs
+    on the library's public API, and the rest of the suite says it still works."""
+    from openenv.core.env_server._compat import fastmcp as fastmcp_compat
+    from openenv.core.env_server._compat import uvicorn as uvicorn_compat
+
+    used = {
+        "uvicorn": uvicorn_compat.tested(),
+        "uvicorn-guard": uvicorn_compat.guard_tested(),
+        "fastmcp": fastmcp_compat.tested(),
+    }
+    for item in items:
+        for mark in item.iter_markers("internals"):
+            library = mark.args[0] if mark.args else "uvicorn"
+            if not used[library]:
+                item.add_marker(pytest.mark.skip(reason=f"tests what relies on {library}'s internals, not used here"))
+
+
 @pytest.fixture(autouse=True)
 def _reset_tracker() -> None:
     TRACKER.reset()

@@ -118,7 +118,7 @@ async def test_frames_read_ahead_during_a_long_step_are_bounded_in_size_and_all_
             await ws.send(json.dumps({"type": "step", "data": {"sleep_s": 0.8}}))
             for i in range(frames):
                 await ws.send(json.dumps({"type": "step", "data": {"delta": 1, "metadata": {"i": i, "pad": pad}}}))
-            (connection,) = app_server.connection_watch._connections
+            (connection,) = app_server.ws_context.watch._connections
             await until(lambda: connection._watcher is not None and connection._watcher.done())
             held = [m for m in connection._backlog if m.get("text")]
             assert len(held) == 3

@@ -81,8 +81,5 @@ async def refuse(scope: Dict[str, Any], receive: Any, send: Any) -> None:
     if "websocket.http.response" in (scope.get("extensions") or {}):
         await send({"type": "websocket.http.response.start", "status": 401, "headers": headers})
         await send({"type": "websocket.http.response.body", "body": body})
-        from ._compat.uvicorn import end_refused_handshake
-
-        end_refused_handshake(send)
     else:  # a server without the extension: a close before accepting is its 403
         await send({"type": "websocket.close", "code": 1008})

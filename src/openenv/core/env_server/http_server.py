@@ -34,6 +34,7 @@ from .exceptions import EXECUTION, VALIDATION, EnvironmentCallError, Environment
 from .interfaces import Environment
 from .limits import InFlightBudget, ServerLimits
 from .mcp_endpoint import MCPDispatcher
+from .middleware import BearerAuth, BodyLimits, ErrorDetailsScope
 from .serialization import (
     deserialize_action,
     serialize_observation,
@@ -62,7 +63,7 @@ from .types import (
     StepRequest,
     StepResponse,
 )
-from .ws_endpoint import ConnectionWatch, WSEndpoint
+from .ws_endpoint import WSContext, WSRoute
 
 logger = logging.getLogger("openenv.server")
 
@@ -191,7 +192,8 @@ class HTTPEnvServer:
         self.auth_token = auth.checked_token(settings.auth_token)
         self.manager.prepare = self.prepare_session
         self.mcp = MCPDispatcher(self.manager, action_cls, self.env_name, max_message_chars=self.max_message_chars)
-        self.connection_watch = ConnectionWatch()
+        self.ws_context = WSContext(self.manager, action_cls, self.max_message_chars, self.mcp)
+        """What the ``/ws`` handler gets of this server."""
         self._metadata: Optional[EnvironmentMetadata] = None
         self._schema: Optional[Dict[str, Any]] = None
 
@@ -316,7 +318,13 @@ class HTTPEnvServer:
         self._register_mcp_routes(app)
         self._register_task_routes(app)
         app.add_exception_handler(RequestValidationError, _request_validation_error)  # type: ignore[arg-type]
-        app.add_middleware(WSEndpoint, server=self)
+        # The edges, innermost first (Starlette wraps each added middleware around the previous):
+        # body limits, then /ws, then the token, then the error-detail scope around all of it.
+        app.add_middleware(BodyLimits, limit=self.max_message_chars, budget=self.budget)
+        app.add_middleware(WSRoute, context=self.ws_context)
+        if self.auth_token is not None:
+            app.add_middleware(BearerAuth, token=self.auth_token)
+        app.add_middleware(ErrorDetailsScope, choice=self.error_details)
 
     def _install_lifespan(self, app: FastAPI) -> None:
         previous = app.router.lifespan_context

@@ -5,6 +5,7 @@ from __future__ import annotations
 from enum import Enum, IntEnum
 from typing import Any, Dict, List, Literal, Optional, Union
 
+import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .types import Action, BaseMessage, Observation
@@ -96,9 +97,8 @@ class JsonRpcResponse(BaseModel):
         return out
 
     def model_dump_json(self, **kwargs: Any) -> str:  # type: ignore[override]
-        from .serialization import dumps_json
-
-        return dumps_json(self.model_dump())
+        # as serialization.dumps_json writes it (NaN as null), without importing that module
+        return pydantic_core.to_json(self.model_dump(), inf_nan_mode="null", fallback=str).decode()
 
     @classmethod
     def success(cls, result: Any, request_id: Union[str, int, None] = None) -> JsonRpcResponse:

@@ -10,6 +10,7 @@ connection (the header timeout and the per-client connection cap).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import threading
@@ -58,13 +59,19 @@ def uvicorn_config(
         timeout_graceful_shutdown=5,
     )
     ws = uvicorn_compat.OpenEnvWebSocketProtocol if internals and uvicorn_compat.tested() else None
+    if ws is None:
+        _say_once(
+            "serving WebSockets with uvicorn's own protocol (OPENENV_LIBRARY_INTERNALS=0, or an untested "
+            "uvicorn/websockets release): an oversize frame closes the connection (1009), and the budget of "
+            "bytes in flight and the bound on unread bytes do not apply to WebSocket frames"
+        )
     if ws is not None:
         options["ws"] = ws.bound(limits, budget)
     options.update(overrides)
     table = None
     if (
         internals
-        and uvicorn_compat.tested()
+        and uvicorn_compat.guard_tested()
         and not options.get("reset_contextvars")
         and not options.get("http2")
         and not isinstance(app, str)
@@ -81,9 +88,24 @@ def uvicorn_config(
             http = import_from_string(HTTP_PROTOCOLS.get(http, http))
         options["http"] = uvicorn_compat.guard_http(http, table)
         app = uvicorn_compat.GuardedApp(app)
+    if table is None and (limits.header_timeout_s or limits.max_connections_per_client):
+        _say_once(
+            "serving without the connection guard (OPENENV_LIBRARY_INTERNALS=0, an untested uvicorn, or "
+            "uvicorn options it cannot work with): no header timeout, no per-client connection cap"
+        )
     config = uvicorn.Config(app, **options)
     config.openenv_connections = table  # type: ignore[attr-defined]
     return config
+
+
+_SAID: set = set()
+
+
+def _say_once(message: str) -> None:
+    """Log a warning about how this process serves, once."""
+    if message not in _SAID:
+        _SAID.add(message)
+        logging.getLogger("openenv.server").warning(message)
 
 
 def run_server(

@@ -12,21 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import json
 import logging
 import urllib.parse
-from typing import TYPE_CHECKING, Any, Deque, Dict, Optional, Set
+from enum import Enum
+from typing import Any, Deque, Dict, FrozenSet, Optional, Set
 
 import pydantic
 
-from . import auth
 from . import error_details as shown_errors
-from .exceptions import EXECUTION, VALIDATION, OpenEnvError, kind_of
-from .limits import BUDGET_EXEMPT_BYTES
-from .mcp_endpoint import parse_request
-from .mcp_types import JsonRpcErrorCode, JsonRpcResponse, WSMCPMessage, request_id_of
+from .exceptions import EXECUTION, VALIDATION, MessageTooLargeError, OpenEnvError, kind_of
+from .mcp_endpoint import MCPDispatcher, parse_request
+from .mcp_types import JsonRpcResponse, WSMCPMessage, request_id_of
+from .middleware import route_path
 from .serialization import (
-    MAX_JSON_DEPTH,
     WS_ENVELOPE_KEYS,
     deserialize_action,
     dumps_json,
@@ -34,11 +34,8 @@ from .serialization import (
     parse_json,
     to_json_bytes,
 )
-from .sessions import Session, SessionKind
+from .sessions import Session, SessionKind, SessionManager
 from .types import ResetRequest, WSErrorCode, WSResetMessage, WSStateMessage, WSStepMessage
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .http_server import HTTPEnvServer
 
 logger = logging.getLogger("openenv.server")
 
@@ -126,172 +123,97 @@ class ConnectionWatch:
                     connection.start_watcher()
 
 
-class WSEndpoint:
-    """ASGI middleware serving ``/ws`` itself, ahead of the framework's routing and exception
-    wrappers (they would add a layer to every frame sent), and bounding HTTP request bodies (size
-    and JSON nesting) before any route reads them; everything else passes through."""
+@dataclasses.dataclass
+class WSContext:
+    """What the ``/ws`` handler needs of its server."""
 
-    def __init__(self, app: Any, server: HTTPEnvServer) -> None:
+    manager: SessionManager
+    action_cls: type
+    max_message_chars: int
+    mcp: MCPDispatcher
+    watch: ConnectionWatch = dataclasses.field(default_factory=ConnectionWatch)
+
+
+class WSRoute:
+    """ASGI middleware serving ``/ws`` itself, ahead of the framework's routing and exception
+    wrappers (they would add a layer to every frame sent); everything else passes through."""
+
+    def __init__(self, app: Any, context: WSContext) -> None:
         self.app = app
-        self.server = server
+        self.context = context
 
     async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
-        kind = scope["type"]
-        if kind == "lifespan":
+        if scope["type"] == "websocket" and route_path(scope) == "/ws":
+            await WSConnection(self.context, scope, receive, send).run()
+        else:
             await self.app(scope, receive, send)
-            return
-        token = self.server.auth_token
-        if token is not None and not auth.authorized(scope, token) and not auth.is_open(scope, _route_path(scope)):
-            await auth.refuse(scope, receive, send)
-            return
-        shown = shown_errors.enter(scope, self.server.error_details)  # what error answers may say
-        try:
-            if kind == "websocket" and _route_path(scope) == "/ws":
-                await WSConnection(self.server, scope, receive, send).run()
-            elif kind == "http" and scope.get("method") in _BODY_METHODS:
-                await self._bounded_body(scope, receive, send)
-            else:
-                await self.app(scope, receive, send)
-        finally:
-            shown_errors.leave(shown)
-
-    async def _bounded_body(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
-        """Read the request body (refusing it past the message limit, past the server's budget of
-        bytes in flight, or nested too deeply) and hand it to the app as one message."""
-        limit = self.server.max_message_chars
-        budget = self.server.budget
-        declared = -1
-        for name, value in scope.get("headers", ()):
-            if name == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    declared = -1
-                if declared > limit:
-                    await _too_large_reply(scope, send, limit)
-                    return
-        reserved = 0  # drawn from the budget for this body: all it declared, else as it arrives
-        if declared > 0:
-            if not budget.reserve(declared):
-                await _busy_reply(scope, send, budget.refusal())
-                return
-            reserved = declared
-        try:
-            chunks = []
-            size = 0
-            while True:
-                message = await receive()
-                if message["type"] != "http.request":  # the client left mid-body: nobody to answer
-                    return
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > limit:
-                    await _too_large_reply(scope, send, limit)
-                    return
-                if size - reserved >= BUDGET_EXEMPT_BYTES:
-                    if not budget.reserve(size - reserved):
-                        await _busy_reply(scope, send, budget.refusal())
-                        return
-                    reserved = size
-                chunks.append(chunk)
-                if not message.get("more_body", False):
-                    break
-            body = b"".join(chunks)
-            del chunks
-            await self._checked_body(scope, receive, send, body)
-        finally:
-            budget.release(reserved)
-
-    async def _checked_body(self, scope: Dict[str, Any], receive: Any, send: Any, body: bytes) -> None:
-        if body.count(b"{") + body.count(b"[") > MAX_JSON_DEPTH and _route_path(scope) not in _OWN_JSON_ROUTES:
-            try:
-                parse_json(body)
-            except ValueError as exc:
-                reason = str(exc)
-                if "nesting" in reason or "recursion" in reason:  # ours, or pydantic-core's own limit
-                    await _http_error(send, 400, "INVALID_JSON", f"Invalid JSON: {reason}")
-                    return
-                # other decoding errors: the route answers them as it always does
-        replayed = False
-
-        async def replay() -> Dict[str, Any]:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
 
 
-_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
-_OWN_JSON_ROUTES = frozenset({"/mcp"})  # answers in JSON-RPC, and parses (depth-checked) itself
+class ConnectionState(str, Enum):
+    """Where a ``/ws`` connection stands; moves are checked against ``_CONNECTION_MOVES``."""
+
+    HANDSHAKE = "handshake"  # accepted or being accepted; no session yet
+    OPEN = "open"  # its session is attached: messages are served
+    GONE = "gone"  # the client left (or its transport failed): nothing more is read or sent
+    CLOSING = "closing"  # the server is closing it (a close message, a session refused or reaped)
+    CLOSED = "closed"  # its session is let go of: the handler has returned
 
 
-async def _busy_reply(scope: Dict[str, Any], send: Any, message: str) -> None:
-    if _route_path(scope) in _OWN_JSON_ROUTES:
-        error = JsonRpcResponse.error_response(JsonRpcErrorCode.SERVER_ERROR, message)
-        await _http_reply(send, 503, error.model_dump())
-    else:
-        await _http_error(send, 503, "SERVER_BUSY", message)
-
-
-async def _too_large_reply(scope: Dict[str, Any], send: Any, limit: int) -> None:
-    message = f"Request body exceeds the server's limit of {limit} bytes"
-    if _route_path(scope) in _OWN_JSON_ROUTES:  # a JSON-RPC error, as MCP clients expect
-        error = JsonRpcResponse.error_response(JsonRpcErrorCode.INVALID_REQUEST, message)
-        await _http_reply(send, 413, error.model_dump())
-    else:
-        await _http_error(send, 413, "MESSAGE_TOO_LARGE", message)
-
-
-async def _http_error(send: Any, status: int, code: str, message: str) -> None:
-    await _http_reply(send, status, {"detail": message, "code": code})
-
-
-async def _http_reply(send: Any, status: int, content: Any) -> None:
-    body = to_json_bytes(content)
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
-
-
-def _route_path(scope: Dict[str, Any]) -> str:
-    path: str = scope["path"]
-    root = scope.get("root_path", "")
-    return path[len(root) :] if root and path.startswith(root) else path
+_CONNECTION_MOVES: Dict[ConnectionState, FrozenSet[ConnectionState]] = {
+    ConnectionState.HANDSHAKE: frozenset(
+        {ConnectionState.OPEN, ConnectionState.GONE, ConnectionState.CLOSING, ConnectionState.CLOSED}
+    ),
+    ConnectionState.OPEN: frozenset({ConnectionState.GONE, ConnectionState.CLOSING, ConnectionState.CLOSED}),
+    ConnectionState.GONE: frozenset({ConnectionState.CLOSED}),
+    ConnectionState.CLOSING: frozenset({ConnectionState.GONE, ConnectionState.CLOSED}),
+    ConnectionState.CLOSED: frozenset(),
+}
 
 
 class WSConnection:
     """Serves one ``/ws`` connection over raw ASGI ``receive``/``send``."""
 
-    def __init__(self, server: HTTPEnvServer, scope: Dict[str, Any], receive: Any, send: Any) -> None:
-        self.server = server
-        self.manager = server.manager
+    def __init__(self, context: WSContext, scope: Dict[str, Any], receive: Any, send: Any) -> None:
+        self.context = context
+        self.manager = context.manager
         self.scope = scope
         self.receive = receive
         self.send = send
         self.session: Optional[Session] = None
-        self.max_chars = server.max_message_chars
-        self.action_cls = server.action_cls
+        self.max_chars = context.max_message_chars
+        self.action_cls = context.action_cls
         self.busy_since: Optional[float] = None  # loop time the current step began
-        self._disconnected = False
+        self.state = ConnectionState.HANDSHAKE
         self._task: Optional[asyncio.Task] = None
         self._watcher: Optional[asyncio.Task] = None
         self._backlog: Deque[Dict[str, Any]] = collections.deque()
 
+    def _move(self, new: ConnectionState) -> None:
+        if new not in _CONNECTION_MOVES[self.state]:
+            raise RuntimeError(f"/ws connection: invalid transition {self.state.value} -> {new.value}")
+        self.state = new
+
+    def _gone(self) -> None:
+        """The client left: say so, once (a closing connection may notice it too)."""
+        if self.state in (ConnectionState.HANDSHAKE, ConnectionState.OPEN, ConnectionState.CLOSING):
+            self._move(ConnectionState.GONE)
+
     async def _close(self, code: int) -> None:
+        """Send the close frame (the server closes the connection)."""
+        if self.state is not ConnectionState.GONE:
+            self._move(ConnectionState.CLOSING)
         try:
             await self.send({"type": "websocket.close", "code": code})
         except Exception:
             pass
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            self._move(ConnectionState.CLOSED)
+
+    async def _run(self) -> None:
         if (await self.receive())["type"] != "websocket.connect":
             return
         await self.send({"type": "websocket.accept"})
@@ -299,13 +221,14 @@ class WSConnection:
         if session is None:
             return
         self.session = session
+        self._move(ConnectionState.OPEN)
         self._task = asyncio.current_task()
-        watch = self.server.connection_watch
+        watch = self.context.watch
         watch.register(self)
         try:
             await self._process()
         except asyncio.CancelledError:
-            if not self._disconnected:
+            if self.state is not ConnectionState.GONE:
                 raise  # cancelled from outside (server shutdown)
             if hasattr(self._task, "uncancel"):  # Python 3.11+
                 self._task.uncancel()  # type: ignore[union-attr]
@@ -328,7 +251,7 @@ class WSConnection:
     # watcher reads on this task's behalf: frames go to the backlog, a disconnect cancels the step.
 
     def start_watcher(self) -> None:
-        if self._watcher is None and not self._disconnected:
+        if self._watcher is None and self.state is ConnectionState.OPEN:
             self._watcher = asyncio.get_running_loop().create_task(self._watch())
 
     async def _watch(self) -> None:
@@ -348,7 +271,7 @@ class WSConnection:
             raise
         except Exception:  # the transport failed: same as a disconnect
             pass
-        self._disconnected = True
+        self._gone()
         if self.busy_since is not None and self._task is not None:
             self._task.cancel()
 
@@ -395,12 +318,12 @@ class WSConnection:
         while True:
             if backlog:
                 message = backlog.popleft()
-            elif self._disconnected:
+            elif self.state is ConnectionState.GONE:
                 return
             else:
                 message = self._admit(await receive())
                 if message["type"] == "websocket.disconnect":
-                    self._disconnected = True
+                    self._gone()
                     return
             text = message.get("text")
             self.busy_since = loop.time()
@@ -428,6 +351,7 @@ class WSConnection:
                 try:
                     await send({"type": "websocket.send", "text": reply})
                 except Exception:
+                    self._gone()
                     return
             session = self.session
             if session is not None and session.close_reason is not None:
@@ -437,11 +361,7 @@ class WSConnection:
                 return
 
     def _too_large(self, size: int) -> str:
-        return error_frame(
-            WSErrorCode.MESSAGE_TOO_LARGE,
-            f"Message of {size} characters exceeds the server's limit of {self.max_chars}",
-            limit=self.max_chars,
-        )
+        return error_frame_of(MessageTooLargeError(size, self.max_chars, "characters"), "")
 
     async def handle_text(self, text: str) -> Any:
         """The reply to one text frame (or CLOSE)."""
@@ -504,7 +424,7 @@ class WSConnection:
         if isinstance(rpc, JsonRpcResponse):
             response: Optional[JsonRpcResponse] = rpc
         else:
-            response = await self.server.mcp.dispatch(rpc, session=self.session, socket_owned=True)
+            response = await self.context.mcp.dispatch(rpc, session=self.session, socket_owned=True)
         if response is None:
             response = JsonRpcResponse.success({}, request_id_of(data))
         self.session.touch()  # type: ignore[union-attr]

@@ -88,8 +88,12 @@ import logging
 import time
 from typing import Any, Callable, Dict, Optional
 
-from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.protocol import State
+
+try:
+    from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+except ImportError:  # a uvicorn without the sans-I/O protocol: tested() is False, nothing here is used
+    WebSocketsSansIOProtocol = object  # type: ignore[assignment,misc]
 
 from ...utils import is_loopback_ip
 from ..limits import BUDGET_EXEMPT_BYTES, InFlightBudget, ServerLimits
@@ -103,9 +107,7 @@ TESTED_UVICORN = ((0, 30), (1, 0))
 """uvicorn releases CI tests this module against: from the first to before the second."""
 
 
-def tested() -> bool:
-    """Whether this module may be used: a tested uvicorn and websockets, and
-    ``OPENENV_LIBRARY_INTERNALS`` not ``0``."""
+def _uvicorn_tested() -> bool:
     import uvicorn
 
     try:
@@ -113,7 +115,19 @@ def tested() -> bool:
     except ValueError:
         return False
     low, high = TESTED_UVICORN
-    return low <= version < high and websockets_compat.tested() and library_internals_enabled()
+    return low <= version < high
+
+
+def guard_tested() -> bool:
+    """Whether the connection guard may be used: a tested uvicorn, and
+    ``OPENENV_LIBRARY_INTERNALS`` not ``0``."""
+    return _uvicorn_tested() and library_internals_enabled()
+
+
+def tested() -> bool:
+    """Whether the WebSocket protocol subclass may be used: a tested uvicorn with its sans-I/O
+    protocol, a tested websockets, and ``OPENENV_LIBRARY_INTERNALS`` not ``0``."""
+    return guard_tested() and WebSocketsSansIOProtocol is not object and websockets_compat.tested()
 
 
 # --- the WebSocket protocol ---------------------------------------------------------------------
@@ -386,7 +400,7 @@ def end_refused_handshake(send: object) -> None:
     sans-I/O protocol (ours, and uvicorn's own under ``ws=auto``) does not count it so and logs
     "ASGI callable returned without completing handshake" at ERROR for every refusal: tell it."""
     protocol = getattr(send, "__self__", None)
-    if isinstance(protocol, WebSocketsSansIOProtocol):
+    if tested() and isinstance(protocol, WebSocketsSansIOProtocol):
         protocol.handshake_complete = True
 
 

@@ -1,0 +1,175 @@
+"""The edges around the server's core: small ASGI middlewares that ``create_app`` composes.
+
+From the outside in (see :meth:`.http_server.HTTPEnvServer.register_routes`):
+
+* :class:`ErrorDetailsScope` decides, per request or connection, how much an error answer may
+  say of an environment's exception (:mod:`.error_details`);
+* :class:`BearerAuth` refuses requests and handshakes without the server's token (:mod:`.auth`);
+* :class:`.ws_endpoint.WSRoute` serves ``/ws`` itself;
+* :class:`BodyLimits` bounds HTTP request bodies (size, the server's budget of bytes in flight,
+  JSON nesting) before any route reads them.
+
+Each answers what it refuses by the error table of :mod:`.exceptions` (JSON-RPC errors on
+``/mcp``, ``{"detail", "code"}`` elsewhere) and passes everything else through untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from . import auth
+from . import error_details as shown_errors
+from ._compat import uvicorn as uvicorn_compat
+from .exceptions import InvalidJsonError, MessageTooLargeError, OpenEnvError, ServerBusyError
+from .limits import BUDGET_EXEMPT_BYTES, InFlightBudget
+from .mcp_types import JsonRpcResponse
+from .serialization import MAX_JSON_DEPTH, parse_json, to_json_bytes
+
+RPC_ROUTES = frozenset({"/mcp"})
+"""Routes that answer in JSON-RPC (and parse their body, depth-checked, themselves)."""
+
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+def route_path(scope: Dict[str, Any]) -> str:
+    """The request's path below the app's ``root_path``."""
+    path: str = scope["path"]
+    root = scope.get("root_path", "")
+    return path[len(root) :] if root and path.startswith(root) else path
+
+
+class ErrorDetailsScope:
+    """Sets, for each request and connection, whether error answers carry exception text."""
+
+    def __init__(self, app: Any, choice: Optional[bool]) -> None:
+        self.app = app
+        self.choice = choice
+
+    async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await self.app(scope, receive, send)
+            return
+        token = shown_errors.enter(scope, self.choice)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            shown_errors.leave(token)
+
+
+class BearerAuth:
+    """Refuses every request and handshake but ``GET /health`` that lacks ``token``."""
+
+    def __init__(self, app: Any, token: bytes) -> None:
+        self.app = app
+        self.token = token
+
+    async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
+        if (
+            scope["type"] != "lifespan"
+            and not auth.authorized(scope, self.token)
+            and not auth.is_open(scope, route_path(scope))
+        ):
+            await auth.refuse(scope, receive, send)
+            if scope["type"] == "websocket":
+                uvicorn_compat.end_refused_handshake(send)
+            return
+        await self.app(scope, receive, send)
+
+
+class BodyLimits:
+    """Reads an HTTP request's body before the app does, refusing it past the message limit
+    (413), past the server's budget of bytes in flight (503), or nested too deeply (400), and
+    hands it on as one message."""
+
+    def __init__(self, app: Any, limit: int, budget: InFlightBudget) -> None:
+        self.app = app
+        self.limit = limit
+        self.budget = budget
+
+    async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("method") not in _BODY_METHODS:
+            await self.app(scope, receive, send)
+            return
+        limit, budget = self.limit, self.budget
+        declared = -1
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = -1
+                if declared > limit:
+                    await refuse(scope, send, MessageTooLargeError(declared, limit))
+                    return
+        reserved = 0  # drawn from the budget for this body: all it declared, else as it arrives
+        if declared > 0:
+            if not budget.reserve(declared):
+                await refuse(scope, send, ServerBusyError(budget.refusal()))
+                return
+            reserved = declared
+        try:
+            chunks = []
+            size = 0
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":  # the client left mid-body: nobody to answer
+                    return
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    await refuse(scope, send, MessageTooLargeError(None, limit))
+                    return
+                if size - reserved >= BUDGET_EXEMPT_BYTES:
+                    if not budget.reserve(size - reserved):
+                        await refuse(scope, send, ServerBusyError(budget.refusal()))
+                        return
+                    reserved = size
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
+            body = b"".join(chunks)
+            del chunks
+            if body.count(b"{") + body.count(b"[") > MAX_JSON_DEPTH and route_path(scope) not in RPC_ROUTES:
+                try:
+                    parse_json(body)
+                except ValueError as exc:
+                    reason = str(exc)
+                    if "nesting" in reason or "recursion" in reason:  # ours, or pydantic-core's own limit
+                        await refuse(scope, send, InvalidJsonError(reason))
+                        return
+                    # other decoding errors: the route answers them as it always does
+            await self.app(scope, _replay(body, receive), send)
+        finally:
+            budget.release(reserved)
+
+
+def _replay(body: bytes, receive: Any) -> Any:
+    replayed = False
+
+    async def replay() -> Dict[str, Any]:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def refuse(scope: Dict[str, Any], send: Any, error: OpenEnvError) -> None:
+    """Answer ``error`` by its kind: a JSON-RPC error on :data:`RPC_ROUTES` (as MCP clients
+    expect), ``{"detail", "code"}`` elsewhere."""
+    kind = error.kind
+    if route_path(scope) in RPC_ROUTES:
+        content: Any = JsonRpcResponse.error_response(kind.rpc_code, error.text).model_dump()
+    else:
+        content = {"detail": error.text, "code": kind.ws_code}
+    body = to_json_bytes(content)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": kind.http_status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
