@@ -197,7 +197,7 @@ async def serve_floor(port: int, echo: bool, uds: Optional[str] = None) -> None:
 def switch_off(parts: str) -> None:
     """Turn fast paths off in this process, for A/B runs of bench_ws (``BENCH_OFF=a,b``): ``plain``
     (reading whole small frames without websockets' parser), ``sendnow`` (writing answers without
-    the ASGI send), ``readahead`` (uvicorn's pause after every message), ``direct`` (FastMCP's
+    the ASGI send), ``direct`` (FastMCP's
     call_tool for every tool call), ``batch`` (SCHED_BATCH for workers)."""
     from openenv.core.env_server import workers
     from openenv.core.env_server._compat import uvicorn as ws_protocol
@@ -207,9 +207,6 @@ def switch_off(parts: str) -> None:
             ws_protocol.OpenEnvWebSocketProtocol._between_frames = lambda self: False
         elif part == "sendnow":
             ws_protocol.OpenEnvWebSocketProtocol.send_text_now = lambda self, text: False
-        elif part == "readahead":
-            base = ws_protocol.WebSocketsSansIOProtocol
-            ws_protocol.OpenEnvWebSocketProtocol.send_receive_event_to_app = base.send_receive_event_to_app
         elif part == "direct":
             from openenv.core.env_server._compat import fastmcp as mcp_direct
 

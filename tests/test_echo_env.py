@@ -120,6 +120,7 @@ def test_served_from_its_directory_by_the_manifest_app_field():
         server.wait(10)
 
 
+@pytest.mark.internals("uvicorn")
 async def test_the_packages_server_entry_point_serves_with_openenvs_runner():
     """`python -m echo_env.server.app` runs through openenv's runner, not bare uvicorn: a 40 MiB
     frame, past the app's 32 MiB limit and uvicorn's own 16 MiB one (which closes the connection

@@ -445,6 +445,7 @@ def _values_tool_env():
     return ToolsOnlyEnv(server), values
 
 
+@pytest.mark.internals("fastmcp")
 async def test_direct_tool_results_equal_fastmcps_own():
     from openenv.core.env_server._compat.fastmcp import tool_result_payload
     from openenv.core.env_server.mcp_environment import ToolCallFailed
@@ -515,6 +516,7 @@ def _raising_tools_env(mask: bool):
     return ToolsOnlyEnv(server), [f"{kind}_{key}" for key in keys for kind in ("sync", "inline", "async")]
 
 
+@pytest.mark.internals("fastmcp")
 @pytest.mark.parametrize("mask", [False, True], ids=["details", "mask_error_details"])
 async def test_direct_tool_failures_read_as_fastmcps_own(mask):
     """A tool that raises is reported in FastMCP's words, whichever way it is called: its own
@@ -551,6 +553,7 @@ async def test_direct_tool_failures_read_as_fastmcps_own(mask):
     }
 
 
+@pytest.mark.internals("fastmcp")
 @pytest.mark.parametrize("mask", [False, True], ids=["details", "mask_error_details"])
 async def test_tools_off_the_direct_path_are_worded_and_masked_as_fastmcp_does(mask):
     """Mode tools FastMCP must run itself (an injected dependency), and tools raising what

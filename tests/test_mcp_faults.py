@@ -92,6 +92,7 @@ def _clear_events() -> None:
     EVENTS.log.clear()
 
 
+@pytest.mark.internals("fastmcp")
 @pytest.mark.parametrize("how", ["stateless", "session-close"])
 async def test_an_environment_is_closed_only_after_its_abandoned_sync_tool_returns(monkeypatch, how):
     monkeypatch.setattr(mcp_environment, "MCP_TOOL_CALL_TIMEOUT", 0.3)

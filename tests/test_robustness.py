@@ -39,6 +39,7 @@ def healthy(server) -> bool:
     return httpx.get(server.base_url + "/health", timeout=5).json() == {"status": "healthy"}
 
 
+@pytest.mark.internals("uvicorn")
 async def test_a_200_mb_frame_is_refused_and_the_connection_keeps_working():
     """Refused from its header on, never buffered (uncompressed: a compressed message over the
     limit closes the connection, see test_ws_protocol)."""

@@ -204,6 +204,7 @@ async def test_an_environment_rebuilt_after_a_step_timeout_is_prepared_like_the_
             assert session.env._worker_pool is manager_of(server).pool
 
 
+@pytest.mark.internals("fastmcp")
 async def test_an_abandoned_sync_tool_call_keeps_its_environment_busy():
     """A sync tool past its own deadline goes on in its worker; the next tool call on that
     environment waits for it rather than running beside it."""

@@ -25,7 +25,7 @@ def test_defaults_with_nothing_set() -> None:
     assert settings.error_details is None and settings.auth_token is None
     assert settings.limits == ServerLimits()
     assert settings.library_internals is True
-    assert settings.gc_tuning is False
+    assert settings.gc_tuning is None  # the runner decides (see below)
 
 
 @pytest.mark.parametrize(
@@ -176,3 +176,20 @@ def test_process_wide_tuning_is_off_unless_asked_for() -> None:
     assert gc.get_threshold() == before  # given back once the server stopped
     if hasattr(os, "SCHED_BATCH") and os.sched_getscheduler(0) == os.SCHED_OTHER:
         assert batch_policy == os.SCHED_BATCH
+
+
+def test_the_runner_tunes_the_process_it_owns_unless_told_not_to(monkeypatch) -> None:
+    import gc
+
+    from openenv.core.env_server.runner import owned_process_gc
+
+    before = gc.get_threshold()
+    with owned_process_gc(counter_app()):  # what run_server and `openenv serve` wrap serving in
+        assert gc.get_threshold() == (10_000, 10, 10)
+    assert gc.get_threshold() == before
+    monkeypatch.setenv("OPENENV_GC_TUNING", "0")
+    with owned_process_gc(counter_app()):
+        assert gc.get_threshold() == before
+    monkeypatch.setenv("OPENENV_GC_TUNING", "1")  # the app does it itself, while it is served
+    with owned_process_gc(counter_app()):
+        assert gc.get_threshold() == before

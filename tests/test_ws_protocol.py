@@ -102,6 +102,7 @@ async def test_validation_errors_carry_pydantic_error_lists(counter_server):
         assert errors[0]["loc"] == ["bogus"]
 
 
+@pytest.mark.internals("uvicorn")
 async def test_oversized_frame_is_refused_with_an_error_and_an_uncompressed_connection_survives(compression_offer):
     """An uncompressed frame over the limit is skipped unread and the connection goes on; a
     compressed one cannot be skipped (the compression context would break): after the same error

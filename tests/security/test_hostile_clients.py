@@ -174,6 +174,7 @@ async def slow_heads(server: Any, count: int, within: float) -> int:
     return sum(results)
 
 
+@pytest.mark.internals("uvicorn-guard")
 async def test_a_request_head_that_does_not_complete_in_time_is_closed():
     limits = ServerLimits(header_timeout_s=0.5, max_connections_per_client=0)
     with serve(counter_app(limits=limits)) as server:
@@ -184,6 +185,7 @@ async def test_a_request_head_that_does_not_complete_in_time_is_closed():
         assert httpx.get(server.base_url + "/health").status_code == 200
 
 
+@pytest.mark.internals("uvicorn-guard")
 async def test_a_keep_alive_connection_must_start_its_next_request_in_time_too():
     limits = ServerLimits(header_timeout_s=0.5, max_connections_per_client=0)
     with serve(counter_app(limits=limits), timeout_keep_alive=60) as server:
@@ -204,6 +206,7 @@ async def test_without_a_header_timeout_slow_heads_are_kept():
 # --- 3. connections per client address -----------------------------------------------------
 
 
+@pytest.mark.internals("uvicorn-guard")
 @pytest.mark.parametrize("uds", [False, True], ids=["loopback", "unix-socket"])
 async def test_connections_past_the_per_client_cap_are_refused(uds):
     # Every peer on this machine is the one address "local", which has a cap of its own.
@@ -244,6 +247,7 @@ async def test_local_clients_have_no_cap_by_default_so_every_connection_is_kept(
 # --- 4. frames over the limit, compressed or not ---------------------------------------------
 
 
+@pytest.mark.internals("uvicorn")
 async def test_a_frame_over_the_limit_is_refused_from_its_header_and_the_connection_goes_on():
     with serve(counter_app(max_message_size_mb=2)) as server:
         async with connect(ws_url(server), compression=None, max_size=None) as ws:
@@ -272,6 +276,7 @@ async def test_with_uvicorns_own_protocol_and_a_high_transport_limit_the_frame_i
             ws.transport.abort()
 
 
+@pytest.mark.internals("uvicorn")
 async def test_a_compressed_message_inflating_past_the_limit_is_refused_at_the_limit():
     """A deflate bomb: 8 MiB that compress to a few KiB. websockets stops inflating at the
     limit; the client is told why and the connection is closed with 1009."""
@@ -321,6 +326,7 @@ async def stalled_frames(server: Any, count: int) -> list:
     return list(await asyncio.gather(*(settled(ws) for ws in sockets)))
 
 
+@pytest.mark.internals("uvicorn")
 async def test_stalled_large_frames_past_the_budget_are_refused_and_free_their_slots():
     limits = ServerLimits(max_message_mb=2, max_inflight_mb=4)
     with serve(counter_app(max_concurrent_envs=8, limits=limits)) as server:
@@ -474,6 +480,7 @@ def subprocess_server():
         process.wait(10)
 
 
+@pytest.mark.internals("uvicorn")
 def test_a_client_that_floods_pings_and_never_reads_is_dropped_and_its_memory_returns(subprocess_server):
     server = subprocess_server(max_unsent_mb=4)
     before = rss_kib(server.pid)

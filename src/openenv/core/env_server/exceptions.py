@@ -89,7 +89,7 @@ class MessageTooLargeError(OpenEnvError):
     def __init__(self, size: Optional[int], limit: int, unit: str = "bytes") -> None:
         self.limit = limit
         shown = "Message" if size is None else f"Message of {size} {unit}"
-        self.message = f"{shown} exceeds the server's limit of {limit} (OPENENV_MAX_MESSAGE_MB)"
+        self.message = f"{shown} exceeds the server's limit of {limit} {unit} (OPENENV_MAX_MESSAGE_MB)"
         super().__init__(self.message)
 
     def details(self) -> Dict[str, Any]:

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import inspect
 import json
 import logging
 import math
 import operator
 import os
-from typing import Any, AsyncIterator, Callable, Dict, Iterator, Optional, Type, Union
+from typing import Any, AsyncIterator, Callable, Dict, Optional, Type, Union
 
 import pydantic
 from fastapi import Body, FastAPI, Query, Request
@@ -42,7 +41,7 @@ from .serialization import (
     to_jsonable,
 )
 from .sessions import Session, SessionManager
-from .settings import ServerOptions, ServerSettings
+from .settings import ServerOptions, ServerSettings, tuned_gc
 from .types import (
     Action,
     ConcurrencyConfig,
@@ -335,7 +334,7 @@ class HTTPEnvServer:
         async def lifespan(application: Any) -> AsyncIterator[Any]:
             manager.reopen()  # served before (and shut down): take sessions again
             async with previous(application) as state:
-                with _serving_gc(gc_tuning):
+                with tuned_gc(gc_tuning is True):
                     try:
                         yield state
                     finally:
@@ -530,29 +529,6 @@ def _checked_result(method: str, result: Any) -> Any:
         except TypeError:
             raise EnvironmentResultError(f"num_tasks() returned {type(result).__name__}, not an int") from None
     return result
-
-
-@contextlib.contextmanager
-def _serving_gc(enabled: bool) -> Iterator[None]:
-    """Garbage-collector settings for a process that serves environments, when asked for
-    (``OPENENV_GC_TUNING=1``; they change the whole process, so they are off by default).
-
-    A server holds many long-lived objects (sessions, sockets, environments) and allocates a few
-    short-lived ones per step; with CPython's defaults the collector keeps rescanning the former.
-    While the app is served, objects that exist at start-up are frozen out of collection and young
-    collections run every 10,000 allocations instead of 700.
-    """
-    if not enabled:
-        yield
-        return
-    thresholds = gc.get_threshold()
-    gc.freeze()
-    gc.set_threshold(10_000, 10, 10)
-    try:
-        yield
-    finally:
-        gc.set_threshold(*thresholds)
-        gc.unfreeze()
 
 
 def _split_entry(split: Any) -> Any:

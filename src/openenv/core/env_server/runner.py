@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence, Tuple
 
 from ._compat import uvicorn as uvicorn_compat
 from .limits import InFlightBudget, ServerLimits
-from .settings import ServerSettings, library_internals_enabled
+from .settings import ServerSettings, library_internals_enabled, tuned_gc
 
 
 def _limits_of(app: Any) -> Tuple[ServerLimits, Optional[InFlightBudget], bool]:
@@ -119,7 +119,22 @@ def run_server(
     """Serve ``app`` until interrupted (on a TCP port, or on a Unix socket when ``uds`` is set)."""
     import uvicorn
 
-    uvicorn.Server(uvicorn_config(app, host=host, port=port, uds=uds, log_level=log_level, **overrides)).run()
+    server = uvicorn.Server(uvicorn_config(app, host=host, port=port, uds=uds, log_level=log_level, **overrides))
+    with owned_process_gc(app):
+        server.run()
+
+
+def owned_process_gc(app: Any) -> Any:
+    """The garbage-collector tuning of a process OpenEnv's runner owns (see
+    :func:`.settings.tuned_gc`): on unless ``OPENENV_GC_TUNING`` says otherwise; an app that was
+    told to tune (``OPENENV_GC_TUNING=1``) does it itself while it is served."""
+    server = getattr(getattr(app, "state", None), "openenv_server", None)
+    settings = getattr(server, "settings", None)
+    if isinstance(settings, ServerSettings):
+        choice = settings.gc_tuning
+    else:
+        choice = ServerSettings.resolve().gc_tuning
+    return tuned_gc(choice is None)
 
 
 def serve_main(app: Any, description: str, argv: Optional[Sequence[str]] = None) -> None:

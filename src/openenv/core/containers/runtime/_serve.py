@@ -110,7 +110,7 @@ def _serve(app: Any, config: Dict[str, Any], ready_fd: Optional[int]) -> None:
     """Serve ``app`` on the inherited listening socket (or a TCP port); signal readiness on ``ready_fd``."""
     import uvicorn
 
-    from openenv.core.env_server.runner import uvicorn_config
+    from openenv.core.env_server.runner import owned_process_gc, uvicorn_config
 
     log_level = config.get("log_level", "warning")
     if config.get("listen_fd") is not None:
@@ -133,7 +133,8 @@ def _serve(app: Any, config: Dict[str, Any], ready_fd: Optional[int]) -> None:
                 os.close(ready_fd)
 
         threading.Thread(target=signal_ready, name="openenv-ready", daemon=True).start()
-    server.run()
+    with owned_process_gc(app):
+        server.run()
 
 
 def single(config: Dict[str, Any]) -> None:

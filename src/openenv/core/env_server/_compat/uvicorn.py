@@ -11,8 +11,9 @@ apply.
 What it relies on, besides uvicorn's public options:
 
 * of ``WebSocketsSansIOProtocol``: ``data_received`` passing bytes to ``conn.receive_data`` and
-  then handling events; ``send_receive_event_to_app`` queueing a message on ``queue`` and pausing
-  reading (``read_paused``, ``transport.pause_reading``) and ``receive`` resuming it;
+  then handling events; ``send_receive_event_to_app`` queueing a message on ``queue`` (from
+  ``frames``) and pausing reading (``read_paused``, ``transport.pause_reading``), and ``receive``
+  resuming it once the queue is empty;
   ``handshake_initiated``, ``handshake_complete``, ``initial_response``, ``close_sent``,
   ``disconnected``, ``writable``, ``frames``, ``handle_ping``, ``handle_parser_exception``,
   ``connection_lost``;
@@ -23,14 +24,12 @@ What it relies on, besides uvicorn's public options:
 
 **The WebSocket protocol.** uvicorn's sans-I/O WebSocket protocol with a small read-ahead window.
 
-uvicorn stops reading a connection's socket after every message it queues for the app and starts
-again once the app has taken it. For a request/response client (send a step, wait for its
-observation) that is two changes of the socket's interest in the event loop per message, each a
-system call, although nothing is ever waiting in the queue. This protocol lets a few small messages
-wait before it stops reading (``READ_AHEAD_MESSAGES``); a large message (``READ_AHEAD_MAX_BYTES``
-or more) stops reading at once, as uvicorn does. Either way the messages of the
-read that was already under way are still queued (uvicorn does the same), so what waits unread by
-the app is at most the window plus one read, and TCP backpressure applies beyond it.
+For plain (uncompressed) connections it reads a read that holds exactly one whole small text
+frame (under :data:`PLAIN_MAX_BYTES`) itself, and writes an answer with its own frame header
+(:meth:`OpenEnvWebSocketProtocol.send_text_now`), sparing websockets' frame machinery and the ASGI
+send's coroutine: ``make bench`` measured that as 1.4-2x the server CPU per step without it.
+Reading pauses after each message until the app takes it, as uvicorn's own protocol does (a
+read-ahead window of four messages measured no better than the noise, and was dropped).
 
 It enforces the server's limits on what a client may make it hold (see :mod:`.limits`; the
 runner binds them with :meth:`OpenEnvWebSocketProtocol.bound`): following the client's frames by
@@ -96,6 +95,7 @@ except ImportError:  # a uvicorn without the sans-I/O protocol: tested() is Fals
     WebSocketsSansIOProtocol = object  # type: ignore[assignment,misc]
 
 from ...utils import is_loopback_ip
+from ..exceptions import MessageTooLargeError, OpenEnvError, ServerBusyError
 from ..limits import BUDGET_EXEMPT_BYTES, InFlightBudget, ServerLimits
 from ..settings import library_internals_enabled
 from ..ws_frames import client_text, frame_header, text_frame
@@ -132,18 +132,15 @@ def tested() -> bool:
 
 # --- the WebSocket protocol ---------------------------------------------------------------------
 
-READ_AHEAD_MESSAGES = 4
-"""Messages that may wait for the app before the socket is no longer read."""
-
-READ_AHEAD_MAX_BYTES = 64 * 1024
-"""A message at least this large stops reading as soon as it is queued."""
+PLAIN_MAX_BYTES = 64 * 1024
+"""The largest frame read without websockets' parser."""
 
 _DATA_OPCODES = (0, 1, 2)  # continuation, text, binary
 
 
-def _error_frame(code: str, message: str, **extra: Any) -> bytes:
-    data = {"message": message, "code": code}
-    data.update(extra)
+def _error_frame(error: OpenEnvError) -> bytes:
+    """The ``/ws`` error frame of ``error`` (by the table of :mod:`..exceptions`), framed."""
+    data = {"message": error.text, "code": error.kind.ws_code, **error.details()}
     return text_frame(json.dumps({"type": "error", "data": data}))
 
 
@@ -213,10 +210,7 @@ class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
             self._head = b""
             if opcode in _DATA_OPCODES:
                 if limit is not None and length > limit:
-                    message = (
-                        f"Message of {length} bytes exceeds the server's limit of {limit} (OPENENV_MAX_MESSAGE_MB)"
-                    )
-                    self.transport.write(_error_frame("MESSAGE_TOO_LARGE", message, limit=limit))
+                    self.transport.write(_error_frame(MessageTooLargeError(length, limit)))
                     if fin and opcode != 0 and not self._in_message and not self.conn.extensions:
                         self._skip = length  # dropped as it arrives: the connection goes on
                         continue
@@ -238,7 +232,7 @@ class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
         return b"".join(pieces)
 
     def _refuse_busy(self, budget: InFlightBudget) -> None:
-        self.transport.write(_error_frame("SERVER_BUSY", budget.refusal()))
+        self.transport.write(_error_frame(ServerBusyError(budget.refusal())))
         self._fail(1013, "server busy: bytes in flight at their limit")
 
     def _fail(self, code: int, reason: str) -> None:
@@ -286,8 +280,7 @@ class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
         ):
             # websockets refused a message past the app's limit (an inflated one, or fragments):
             # say so (not when uvicorn's ws_max_size was set apart from it: that limit closes bare)
-            message = f"Message exceeds the server's limit of {self.frame_limit} bytes (OPENENV_MAX_MESSAGE_MB)"
-            self.transport.write(_error_frame("MESSAGE_TOO_LARGE", message, limit=self.frame_limit))
+            self.transport.write(_error_frame(MessageTooLargeError(None, self.frame_limit)))
         super().handle_parser_exception()
         exc = self.conn.parser_exc
         if exc is not None:
@@ -323,12 +316,11 @@ class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
         # message) is queued as it is; anything else goes through websockets' parser.
         conn = self.conn
         if not self.close_sent and self._between_frames() and self._is_plain() and conn.state is State.OPEN:
-            text = client_text(data, READ_AHEAD_MAX_BYTES, self.frame_limit)
+            text = client_text(data, PLAIN_MAX_BYTES, self.frame_limit)
             if text is not None:
                 self.queue.put_nowait({"type": "websocket.receive", "text": text})
-                if self.queue.qsize() >= READ_AHEAD_MESSAGES:
-                    self.read_paused = True
-                    self.transport.pause_reading()
+                self.read_paused = True  # until the app takes it, as uvicorn's own queueing does
+                self.transport.pause_reading()
                 return
         if self._screening is None:
             if not self.handshake_initiated:
@@ -366,33 +358,20 @@ class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
             return True
         return False
 
-    # --- read-ahead --------------------------------------------------------------------------
+    # --- the budget for inflated messages ---------------------------------------------------
 
     def send_receive_event_to_app(self) -> None:
-        if self.read_paused or self.close_sent:
-            # Already paused, or past the app's close: the message is then discarded and reading
-            # must go on until the peer's close reply. The base class does right by both.
-            super().send_receive_event_to_app()
-            return
-        size = sum(map(len, self.frames))
-        budget = self.budget
-        if budget is not None and size >= BUDGET_EXEMPT_BYTES and self.conn.extensions:
-            # an inflated message: its size on the wire said little about this one
-            if not budget.reserve(size):
-                self.frames = []
-                self._refuse_busy(budget)
-                return
-            self._held += size
-        # The base class pauses reading after queueing unless it believes it already has:
-        # tell it so, and decide here instead.
-        self.read_paused = True
-        try:
-            super().send_receive_event_to_app()
-        finally:
-            self.read_paused = False
-        if size >= READ_AHEAD_MAX_BYTES or self.queue.qsize() >= READ_AHEAD_MESSAGES:
-            self.read_paused = True
-            self.transport.pause_reading()
+        if not self.read_paused and not self.close_sent:
+            size = sum(map(len, self.frames))
+            budget = self.budget
+            if budget is not None and size >= BUDGET_EXEMPT_BYTES and self.conn.extensions:
+                # an inflated message: its size on the wire said little about this one
+                if not budget.reserve(size):
+                    self.frames = []
+                    self._refuse_busy(budget)
+                    return
+                self._held += size
+        super().send_receive_event_to_app()
 
 
 def end_refused_handshake(send: object) -> None:
