@@ -198,8 +198,7 @@ def switch_off(parts: str) -> None:
     """Turn fast paths off in this process, for A/B runs of bench_ws (``BENCH_OFF=a,b``): ``plain``
     (reading whole small frames without websockets' parser), ``sendnow`` (writing answers without
     the ASGI send), ``direct`` (FastMCP's
-    call_tool for every tool call), ``batch`` (SCHED_BATCH for workers)."""
-    from openenv.core.env_server import workers
+    call_tool for every tool call)."""
     from openenv.core.env_server._compat import uvicorn as ws_protocol
 
     for part in filter(None, parts.split(",")):
@@ -211,8 +210,6 @@ def switch_off(parts: str) -> None:
             from openenv.core.env_server._compat import fastmcp as mcp_direct
 
             mcp_direct.DirectTools._eligible_key = lambda self: None
-        elif part == "batch":
-            workers._batch_policy = lambda: None
         else:
             raise SystemExit(f"BENCH_OFF: unknown part {part!r}")
 
