@@ -24,7 +24,6 @@ def test_defaults_with_nothing_set() -> None:
     assert settings.max_sessions is None and settings.step_timeout_s is None and settings.worker_threads is None
     assert settings.error_details is None and settings.auth_token is None
     assert settings.limits == ServerLimits()
-    assert settings.library_internals is True
     assert settings.gc_tuning is None  # the runner decides (see below)
 
 

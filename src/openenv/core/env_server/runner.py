@@ -19,19 +19,18 @@ from typing import Any, Optional, Sequence, Tuple
 
 from ._compat import uvicorn as uvicorn_compat
 from .limits import InFlightBudget, ServerLimits
-from .settings import ServerSettings, library_internals_enabled, tuned_gc
+from .settings import ServerSettings, tuned_gc
 
 
-def _limits_of(app: Any) -> Tuple[ServerLimits, Optional[InFlightBudget], bool]:
-    """The app's limits, its budget of bytes in flight, and whether other libraries' internals
-    may be relied on (``OPENENV_LIBRARY_INTERNALS``); for an app that is not OpenEnv's, what
+def _limits_of(app: Any) -> Tuple[ServerLimits, Optional[InFlightBudget]]:
+    """The app's limits and its budget of bytes in flight; for an app that is not OpenEnv's, what
     ``OPENENV_*`` says."""
     server = getattr(getattr(app, "state", None), "openenv_server", None)
     settings = getattr(server, "settings", None)
     if isinstance(settings, ServerSettings):
-        return settings.limits, getattr(server, "budget", None), settings.library_internals
+        return settings.limits, getattr(server, "budget", None)
     limits = ServerLimits.from_env()
-    return limits, InFlightBudget(limits.max_inflight_bytes), library_internals_enabled()
+    return limits, InFlightBudget(limits.max_inflight_bytes)
 
 
 def uvicorn_config(
@@ -48,7 +47,7 @@ def uvicorn_config(
     connections (None when they are not guarded)."""
     import uvicorn
 
-    limits, budget, internals = _limits_of(app)
+    limits, budget = _limits_of(app)
     options: dict = dict(
         host=host,
         port=port,
@@ -58,7 +57,7 @@ def uvicorn_config(
         lifespan="on",
         timeout_graceful_shutdown=5,
     )
-    ws = uvicorn_compat.OpenEnvWebSocketProtocol if internals and uvicorn_compat.tested() else None
+    ws = uvicorn_compat.OpenEnvWebSocketProtocol if uvicorn_compat.tested() else None
     if ws is None:
         _say_once(
             "serving WebSockets with uvicorn's own protocol (OPENENV_LIBRARY_INTERNALS=0, or an untested "
@@ -70,8 +69,7 @@ def uvicorn_config(
     options.update(overrides)
     table = None
     if (
-        internals
-        and uvicorn_compat.guard_tested()
+        uvicorn_compat.guard_tested()
         and not options.get("reset_contextvars")
         and not options.get("http2")
         and not isinstance(app, str)

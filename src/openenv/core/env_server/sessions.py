@@ -711,11 +711,12 @@ class SessionManager:
         assert traits is not None
         if kwargs:
             kwargs = traits.filter(kwargs, traits.step_kwargs, _STEP_POSITIONAL)
-        else:
-            kwargs = {}
         if steps_on_loop(traits, action):
-            return self.call(session, "step", None, lambda env: env.step_async(action, **kwargs), step=True)
-        return self.call(session, "step", lambda env: env.step(action, **kwargs), step=True, inline=traits.on_loop)
+            if kwargs:
+                return self.call(session, "step", None, lambda env: env.step_async(action, **kwargs), step=True)
+            return self.call(session, "step", None, lambda env: env.step_async(action), step=True)
+        sync = (lambda env: env.step(action, **kwargs)) if kwargs else (lambda env: env.step(action))
+        return self.call(session, "step", sync, step=True, inline=traits.on_loop)
 
     async def state(self, session: Session) -> Any:
         # ``state`` is a plain property even on async environments and may block (read a file, ask

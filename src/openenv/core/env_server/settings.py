@@ -118,6 +118,9 @@ _PARSERS: Mapping[str, Callable[[str], Any]] = {
 }
 
 
+_SERVER_FIELDS = tuple(field for field in _PARSERS if field != "library_internals")
+
+
 def variable_of(field: str) -> str:
     return "OPENENV_" + field.upper()
 
@@ -158,7 +161,6 @@ class ServerSettings:
     error_details: Optional[bool] = None
     auth_token: Optional[str] = None
     limits: ServerLimits = dataclasses.field(default_factory=ServerLimits)
-    library_internals: bool = True
     gc_tuning: Optional[bool] = None
     """None: on where OpenEnv's runner owns the process (see :func:`tuned_gc`), else off."""
     sched_batch: bool = False
@@ -177,11 +179,12 @@ class ServerSettings:
         ``max_message_size_mb`` are the app's own limits, each ``OPENENV_*`` limit overriding its
         field."""
         env = os.environ if environ is None else environ
-        unknown = set(arguments) - set(_PARSERS)
+        unknown = set(arguments) - set(_SERVER_FIELDS)
         if unknown:
             raise TypeError(f"unknown server setting(s): {', '.join(sorted(unknown))}")
+        library_internals_enabled(env)  # process-wide, read where it is used; refused here if bad
         values: dict = {}
-        for field in _PARSERS:
+        for field in _SERVER_FIELDS:
             value = read(env, field)
             if value is dataclasses.MISSING:
                 value = arguments.get(field)
@@ -215,7 +218,7 @@ def _checked_argument(field: str, value: Any) -> Any:
         return value
     if field == "auth_token" and not isinstance(value, str):
         raise TypeError(f"auth_token must be a str, got {type(value).__name__}")
-    if field in ("library_internals", "gc_tuning", "sched_batch") and not isinstance(value, bool):
+    if field in ("gc_tuning", "sched_batch") and not isinstance(value, bool):
         raise TypeError(f"{field} must be True or False, got {value!r}")
     return value
 
@@ -245,6 +248,8 @@ def tuned_gc(enabled: bool) -> Iterator[None]:
 
 
 def library_internals_enabled(environ: Optional[Mapping[str, str]] = None) -> bool:
-    """``OPENENV_LIBRARY_INTERNALS`` alone (for code that serves an app that is not OpenEnv's)."""
+    """``OPENENV_LIBRARY_INTERNALS``: whether :mod:`._compat` may rely on other libraries'
+    internals. A setting of the process, not of one server: each ``_compat`` module reads it
+    where it decides (FastMCP's once, at import)."""
     value = read(os.environ if environ is None else environ, "library_internals")
     return True if value is dataclasses.MISSING else value
