@@ -3,7 +3,11 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
+# Three installs, each on first use: the demo's (the core and the echo environment: light, no
+# torch), the tests' (dev tools and every environment package) and the training examples' (torch).
+DEMO_STAMP := $(VENV)/.demo-installed
 STAMP := $(VENV)/.installed
+TRAIN_STAMP := $(VENV)/.train-installed
 # torch for the training examples and the TRL adapter, installed first so that nothing else picks
 # a build. The default is pinned to the release the development machine keeps a CPU build of; where
 # pip sees only PyPI it is a CUDA build of several GB. Pip arguments go here, e.g.
@@ -14,17 +18,25 @@ ENVS := $(sort $(patsubst %/pyproject.toml,%,$(wildcard envs/*_env/pyproject.tom
 
 .PHONY: setup demo test test-newest lint format bench interop train-blackjack clean
 
-$(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(ENVS))
+$(DEMO_STAMP): pyproject.toml envs/echo_env/pyproject.toml
 	bash scripts/install-bubblewrap.sh
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -e ".[core]" -e envs/echo_env
+	touch $@
+
+$(TRAIN_STAMP): $(DEMO_STAMP)
 	$(PIP) install --quiet $(TORCH)
-	$(PIP) install --quiet -e ".[dev,train,trl]" $(addprefix -e ,$(ENVS))
-	touch $(STAMP)
+	$(PIP) install --quiet -e ".[core,train]"
+	touch $@
+
+$(STAMP): $(TRAIN_STAMP) $(addsuffix /pyproject.toml,$(ENVS))
+	$(PIP) install --quiet -e ".[core,dev,train,trl]" $(addprefix -e ,$(ENVS))
+	touch $@
 
 setup: $(STAMP)  ## create .venv with the project, its dev tools and every environment package
 
-demo: setup  ## start the echo environment and run its quick-start against it
+demo: $(DEMO_STAMP)  ## start the echo environment and run its quick-start against it
 	$(PY) examples/echo_demo.py
 
 test: setup  ## lint (ruff, the import layers), then run the test suite
@@ -50,7 +62,7 @@ bench: setup  ## throughput/latency/CPU vs a raw-websockets floor; sync hand-off
 	$(PY) bench/bench_churn.py
 	$(PY) bench/bench_sandbox.py
 
-train-blackjack: setup  ## CPU GRPO: a tiny LM learns blackjack through the sandboxed openspiel_env (about 2 min)
+train-blackjack: $(TRAIN_STAMP)  ## CPU GRPO: a tiny LM learns blackjack through the sandboxed openspiel_env (about 2 min)
 	$(PY) examples/grpo_blackjack/train.py
 
 interop: setup  ## drive upstream openenv 0.10.0 with our client and ours with theirs (separate venv)

@@ -25,7 +25,7 @@ TEST_TIMEOUT_S="${TEST_TIMEOUT_S:-600}"
 INSTALL_TIMEOUT_S="${INSTALL_TIMEOUT_S:-600}"
 
 # The libraries upgraded past our bounds (uvicorn with its [standard] extras, as we depend on it).
-NEWEST=("uvicorn[standard]" websockets fastmcp mcp fastapi starlette)
+NEWEST=("uvicorn[standard]" websockets "fastmcp-slim[server]" mcp fastapi starlette)
 # The tests of the server, its protocols and the code paths gated by those libraries' versions.
 TESTS=(
     tests/test_ws_protocol.py
@@ -63,7 +63,7 @@ step "2/6 the project with its dev tools, and envs/echo_env (editable)"
 if [ -f "$STAMP" ] && [ "$STAMP" -nt pyproject.toml ] && [ "$STAMP" -nt envs/echo_env/pyproject.toml ]; then
     echo "installed already (pyproject.toml unchanged since)"
 else
-    pip_ install --quiet -e ".[dev]" -e envs/echo_env
+    pip_ install --quiet -e ".[core,dev]" -e envs/echo_env
     touch "$STAMP"
 fi
 
@@ -74,7 +74,7 @@ step "4/6 what is installed"
 "$PY" - <<'EOF'
 from importlib.metadata import PackageNotFoundError, version
 
-for name in ("uvicorn", "websockets", "fastmcp", "mcp", "fastapi", "starlette", "httptools", "uvloop", "pydantic", "httpx"):
+for name in ("uvicorn", "websockets", "fastmcp-slim", "fastmcp", "mcp", "fastapi", "starlette", "httptools", "uvloop", "pydantic", "httpx"):
     try:
         print(f"  {name:<11} {version(name)}")
     except PackageNotFoundError:

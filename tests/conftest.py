@@ -45,7 +45,7 @@ _COMPRESSION = {"offer": "deflate"}
 def compression_offer(request: Any) -> Any:
     """Runs a WebSocket test twice: with clients offering compression (the server then frames
     every message with websockets' own machinery) and without (the server's own framing,
-    ``ws_frames``, and lending to workers, ``ws_hot``). Use it with :func:`connect`."""
+    ``ws_frames``). Use it with :func:`connect`."""
     _COMPRESSION["offer"] = request.param
     yield request.param
     _COMPRESSION["offer"] = "deflate"

@@ -24,12 +24,10 @@ _EXPORTS = {
     "GenericAction": ".core.generic_client",
     "SyncEnvClient": ".core.sync_client",
     "EnvClient": ".core.env_client",
-}
-_OPTIONAL = {
     "AutoEnv": ".auto",
     "AutoAction": ".auto",
 }
-_get, __dir__ = lazy_exports(__name__, _EXPORTS, _OPTIONAL)
+_get, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 def __getattr__(name: str):
@@ -44,4 +42,4 @@ def __getattr__(name: str):
     return _get(name)
 
 
-__all__ = ["core", "cli", "__version__", *sorted(_EXPORTS), *sorted(_OPTIONAL)]
+__all__ = ["core", "cli", "__version__", *sorted(_EXPORTS)]

@@ -87,10 +87,11 @@ _EXPORTS.update(
         "create_fastapi_app": ".http_server",
         "SessionManager": ".sessions",
         "GetEndpointConfig": ".route_config",
+        "MCPEnvironment": ".mcp_environment",
     }
 )
+# None until this package has a web interface (upstream's names, kept for code that tests them).
 _OPTIONAL = {
-    "MCPEnvironment": ".mcp_environment",
     "create_web_interface_app": ".web_interface",
     "WebInterfaceManager": ".web_interface",
 }

@@ -16,9 +16,16 @@ from abc import abstractmethod
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional
 
 import pydantic
-from fastmcp import FastMCP
-from fastmcp import exceptions as fastmcp_errors
-from fastmcp.tools import Tool as FastMCPTool
+
+try:
+    from fastmcp import FastMCP
+    from fastmcp import exceptions as fastmcp_errors
+    from fastmcp.tools import Tool as FastMCPTool
+except ImportError as exc:  # the base install has no FastMCP: say which extra brings it
+    raise ImportError(
+        f"MCPEnvironment needs FastMCP, which is not installed ({exc}); install it with "
+        "pip install 'openenv[core]' (or pip install 'fastmcp-slim[server]')"
+    ) from exc
 
 from ..utils import run_async_safely, timeout_after
 from . import error_details as shown_errors

@@ -61,6 +61,8 @@ CLOSE_TIMEOUT_S = 30.0
 
 REMEMBERED_REAPED = 1024
 """How many ids of sessions closed for idleness are remembered, to tell a late caller why."""
+_IDLE_ATTACHED = "(the server's idle timeout, OPENENV_SESSION_IDLE_TIMEOUT_S); open a new connection to start again"
+_IDLE_DETACHED = "or a socket attached (ConcurrencyConfig.session_timeout)"
 
 TEMPORARY_WAIT_S = 30.0
 """How long a stateless HTTP call waits for one of the ``max_sessions`` slots for such calls
@@ -104,10 +106,6 @@ class SessionLock:
     def locked(self) -> bool:
         return self._busy
 
-    def contended(self) -> bool:
-        """Whether calls wait for the lock."""
-        return any(not waiter.done() for waiter in self._waiters)
-
     def acquire(self) -> Optional[asyncio.Future]:
         """None when acquired at once; else a future that resolves once the lock is ours."""
         if not self._busy:
@@ -148,7 +146,6 @@ class Session:
         "close_reason",
         "close_requested",
         "created_at",
-        "data",
         "env",
         "id",
         "inflight",
@@ -175,7 +172,6 @@ class Session:
         self.close_reason: Optional[str] = None  # why the server closed it, for its next caller
         self.lock = SessionLock()
         self.inflight: Optional[Job] = None
-        self.data: Dict[str, Any] = {}  # per-session scratch space for protocol adapters
 
     def transition(self, new: SessionState) -> None:
         if new not in _TRANSITIONS[self.state]:
@@ -364,12 +360,16 @@ class SessionManager:
             raise WorkersStuckError(operation, self.step_timeout_s, pool.stuck)
 
     async def _build_env(self) -> Any:
-        self._check_workers("environment construction")
+        operation = "environment construction"
+        self._check_workers(operation)
         job = self.pool.submit(self._factory)
         try:
-            env = await self._timed(job, "environment construction")
-        except (asyncio.CancelledError, StepTimeoutError):
+            env = await _with_timeout(job.future, self.step_timeout_s, operation)
+        except (asyncio.CancelledError, StepTimeoutError) as exc:
+            started = self.pool.abandon(job)
             job.add_done_callback(lambda: self._close_built(job))  # nobody will use what it builds
+            if isinstance(exc, StepTimeoutError) and not started:  # it waited for a worker all along
+                raise WorkersStuckError(operation, self.step_timeout_s, self.pool.stuck, waited=True) from None
             raise
         except Exception as exc:
             logger.exception("environment factory %r failed", self.factory_name)
@@ -385,20 +385,6 @@ class SessionManager:
     def _close_built(self, job: Job) -> None:
         if job.outcome is not None and job.outcome[0]:
             self._close_soon(job.outcome[1], None)
-
-    async def _timed(self, job: Job, operation: str) -> Any:
-        """Await a pool job under the step timeout; abandon it when the caller gives up."""
-        try:
-            if self.step_timeout_s is None:
-                return await job.future
-            return await _with_timeout(job.future, self.step_timeout_s, operation)
-        except StepTimeoutError:
-            if not self.pool.abandon(job):  # it waited for a worker all along
-                raise WorkersStuckError(operation, self.step_timeout_s, self.pool.stuck, waited=True) from None
-            raise
-        except asyncio.CancelledError:
-            self.pool.abandon(job)
-            raise
 
     # --- session lifecycle ----------------------------------------------------------------
 
@@ -561,26 +547,21 @@ class SessionManager:
                 f"All {self.max_sessions} slots for stateless calls stayed busy for {wait:g} s; try again later",
             ) from None
         try:
-            async with self._temporary_env() as session:
+            env = await self._build_env()
+            session = Session("temporary", SessionKind.TEMPORARY)
+            session.env = env
+            session.traits = env_traits(type(env))
+            session.transition(SessionState.READY)
+            try:
+                self._prepare(session)
                 yield session
+            finally:
+                session.transition(SessionState.CLOSING)
+                session.transition(SessionState.CLOSED)
+                if session.env is not None:
+                    self._close_soon(session.env, session.inflight)
         finally:
             slots.release()
-
-    @contextlib.asynccontextmanager
-    async def _temporary_env(self) -> AsyncIterator[Session]:
-        env = await self._build_env()
-        session = Session("temporary", SessionKind.TEMPORARY)
-        session.env = env
-        session.traits = env_traits(type(env))
-        session.transition(SessionState.READY)
-        try:
-            self._prepare(session)
-            yield session
-        finally:
-            session.transition(SessionState.CLOSING)
-            session.transition(SessionState.CLOSED)
-            if session.env is not None:
-                self._close_soon(session.env, session.inflight)
 
     # --- calls on a session's environment ---------------------------------------------------
 
@@ -603,60 +584,42 @@ class SessionManager:
         try:
             env = await self._env_for_call(session, operation)
             timeout = self.step_timeout_s
-            if inline:  # an environment that opted in (RUNS_ON_EVENT_LOOP): no timeout can apply
-                try:
-                    result = sync_fn(env)  # type: ignore[misc]
-                except (SystemExit, pydantic.ValidationError) as exc:  # as for async calls, below
-                    raise EnvironmentCallError(exc) from exc
-            elif async_fn is not None:
-                try:
-                    if timeout is None:
-                        result = await async_fn(env)
-                    else:
-                        result = await _with_timeout(async_fn(env), timeout, operation)
-                except StepTimeoutError:
-                    self._discard_env(session)
-                    raise
-                except asyncio.CancelledError:
-                    # Interrupted halfway (a client gone, a shutdown): its state is unknown.
-                    if session.kind is not SessionKind.TEMPORARY:
-                        self._discard_env(session)
-                    raise
-                except SystemExit as exc:  # re-raised in a task, it would stop the event loop
-                    raise EnvironmentCallError(exc) from exc
-                except pydantic.ValidationError as exc:  # the environment's, not the client's input
-                    raise EnvironmentCallError(exc) from exc
-            else:
+            job: Optional[Job] = None
+            if async_fn is None and not inline:
                 self._check_workers(operation)
-                job = self.pool.submit(sync_fn, env)  # type: ignore[arg-type]
-                session.inflight = job
-                try:
-                    if timeout is None:
-                        result = await job.future
-                    else:
-                        result = await _with_timeout(job.future, timeout, operation)
-                except StepTimeoutError:
-                    self._given_up(session, job, operation, timeout)
-                    raise
-                except asyncio.CancelledError:
-                    self._given_up(session, job, operation)
-                    raise
-                except pydantic.ValidationError as exc:  # the environment's, not the client's input
+                job = session.inflight = self.pool.submit(sync_fn, env)  # type: ignore[arg-type]
+            try:
+                if inline:  # an environment that opted in (RUNS_ON_EVENT_LOOP): no timeout can apply
+                    result = sync_fn(env)  # type: ignore[misc]
+                else:
+                    pending = async_fn(env) if job is None else job.future  # type: ignore[misc]
+                    result = await (pending if timeout is None else _with_timeout(pending, timeout, operation))
                     session.inflight = None
-                    raise EnvironmentCallError(exc) from exc
-                session.inflight = None
+            except StepTimeoutError:
+                self._given_up(session, job, operation, timeout)
+                raise
+            except asyncio.CancelledError:
+                self._given_up(session, job, operation)
+                raise
+            # SystemExit, re-raised in a task, would stop the event loop; a ValidationError here is
+            # the environment's, not the client's input.
+            except (SystemExit, pydantic.ValidationError) as exc:
+                raise EnvironmentCallError(exc) from exc
             ok = True
         finally:
             lock.release()
             session.touch(step and ok)  # a failing call is activity too: the reaper must wait
         return result
 
-    def _given_up(self, session: Session, job: Job, operation: str, timeout: Optional[float] = None) -> None:
-        """The caller of ``job`` stopped waiting: past the step ``timeout`` when one is given,
-        else cancelled. A call that never started is skipped and leaves the environment alone
-        (after a timeout: WorkersStuckError); one that runs on keeps ``session.inflight`` (the
-        next call waits for it) and, after a timeout, costs the session its environment."""
-        if not self.pool.abandon(job):
+    def _given_up(self, session: Session, job: Optional[Job], operation: str, timeout: Optional[float] = None) -> None:
+        """The caller stopped waiting: past the step ``timeout`` when one is given, else cancelled.
+        An async call (no ``job``) was interrupted halfway: its environment's state is unknown, so
+        it is discarded. A pool call that never started is skipped and leaves the environment alone
+        (after a timeout: WorkersStuckError); one that runs on keeps ``session.inflight`` (the next
+        call waits for it) and, after a timeout, costs the session its environment."""
+        if job is None:
+            self._discard_env(session)
+        elif not self.pool.abandon(job):
             session.inflight = None
             if timeout is not None:
                 raise WorkersStuckError(operation, timeout, self.pool.stuck, waited=True) from None
@@ -679,12 +642,8 @@ class SessionManager:
 
     async def _returned(self, session: Session, job: Job, operation: str) -> None:
         """Wait (under the step timeout) until ``job``, abandoned by its caller, has returned."""
-        returned = job.when_done()
         try:
-            if self.step_timeout_s is None:
-                await returned
-            else:
-                await _with_timeout(returned, self.step_timeout_s, operation)
+            await _with_timeout(job.when_done(), self.step_timeout_s, operation)
         except StepTimeoutError:
             self._discard_env(session)  # closed once that call returns; the next call builds anew
             raise
@@ -758,17 +717,9 @@ class SessionManager:
                 idle.append((s, bound))
         for session, bound in idle:
             logger.info("closing session %s after %.0f s idle", session.id, bound)
-            if session.attached:
-                session.close_reason = (
-                    f"Session {session.id} was closed after {bound:g} s without a call (the server's "
-                    "idle timeout, OPENENV_SESSION_IDLE_TIMEOUT_S); open a new connection to start again"
-                )
-            else:
-                session.close_reason = (
-                    f"Session {session.id} was closed after {bound:g} s without a call or a socket attached "
-                    "(ConcurrencyConfig.session_timeout)"
-                )
-            self._reaped[session.id] = session.close_reason
+            why = _IDLE_ATTACHED if session.attached else _IDLE_DETACHED
+            reason = session.close_reason = f"Session {session.id} was closed after {bound:g} s without a call {why}"
+            self._reaped[session.id] = reason
             while len(self._reaped) > REMEMBERED_REAPED:
                 self._reaped.popitem(last=False)
             await self.destroy(session)
@@ -821,13 +772,14 @@ def _read_state(env: Any) -> Any:
     return env.state
 
 
-async def _with_timeout(awaitable: Any, timeout: float, operation: str, limit: Optional[float] = None) -> Any:
-    """Await ``awaitable`` for ``timeout`` seconds; past them, raise StepTimeoutError naming
-    ``limit`` (the configured limit, of which ``timeout`` may be what remains)."""
+async def _with_timeout(awaitable: Any, timeout: Optional[float], operation: str) -> Any:
+    """Await ``awaitable``; past ``timeout`` seconds (None: no limit), raise StepTimeoutError."""
+    if timeout is None:
+        return await awaitable
     try:
         async with timeout_after(timeout) as scope:
             return await awaitable
     except TimeoutError:
         if scope.expired():
-            raise StepTimeoutError(operation, timeout if limit is None else limit) from None
+            raise StepTimeoutError(operation, timeout) from None
         raise  # the environment's own TimeoutError
