@@ -1,7 +1,7 @@
-"""The echo environment's quick-start, async then sync.
+"""The echo environment's quick-start (README.md), async then sync.
 
-Needs an echo server: ``python -m uvicorn echo_env.server.app:app --port 8000`` (or run
-``python examples/echo_demo.py``, which starts one). ``OPENENV_URL`` overrides the URL.
+Needs an echo server: ``.venv/bin/python -m uvicorn echo_env.server.app:app --port 8000``, or
+run ``make demo``, which starts one and runs this. ``OPENENV_URL`` overrides the URL.
 """
 
 import asyncio
@@ -15,19 +15,16 @@ URL = os.environ.get("OPENENV_URL", "http://127.0.0.1:8000")
 async def main() -> None:
     async with EchoEnv(base_url=URL) as client:
         result = await client.reset()
-        print(result.observation.echoed_message)  # "Echo environment ready!"
-        result = await client.step(CallToolAction(tool_name="echo_message", arguments={"message": "Hello, World!"}))
-        print(result.observation.result)  # "Hello, World!"
-        print(result.reward)  # a number
+        print(result.observation.echoed_message)  # Echo environment ready!
+        action = CallToolAction(tool_name="echo_message", arguments={"message": "Hello, World!"})
+        result = await client.step(action)
+        print(result.observation.result)  # Hello, World!
+        print(result.reward)  # 1.3 (0.1 per character echoed)
         print([tool.name for tool in await client.list_tools()])  # ['echo_message', 'echo_with_length']
-        print(await client.call_tool("echo_with_length", message="Test"))  # {'message': 'Test', 'length': 4}
 
 
 asyncio.run(main())
 
-with EchoEnv(base_url=URL).sync() as client:  # same, synchronously
-    result = client.reset()
-    print(result.observation.echoed_message)  # "Echo environment ready!"
-    result = client.step(CallToolAction(tool_name="echo_message", arguments={"message": "Hello, World!"}))
-    print(result.observation.result)  # "Hello, World!"
-    print(result.reward)  # a number
+with EchoEnv(base_url=URL).sync() as client:  # the same, synchronously
+    print(client.reset().observation.echoed_message)  # Echo environment ready!
+    print(client.call_tool("echo_with_length", message="Test"))  # {'message': 'Test', 'length': 4}

@@ -201,6 +201,8 @@ def train(cfg: Config) -> Dict[str, Any]:
         thresholds = {k: v for k, v in base.items() if k.startswith("hit_below_")}
         best = max(thresholds, key=lambda k: rates(thresholds[k])["win"])
         say(f"baselines on {cfg.eval_deals} deals in {time.perf_counter() - tick:.1f} s: " + baseline_line(base, best))
+        curve_base = {k: v[:curve_n] for k, v in base.items()}
+        say(f"the same on the first {curve_n} of them, the curve's deals: " + baseline_line(curve_base, best))
 
         def greedy_returns(n: int) -> List[float]:
             return returns_of(play(env, model_policy(model, True, sampler), eval_seeds[:n], cfg))
@@ -238,9 +240,7 @@ def train(cfg: Config) -> Dict[str, Any]:
         "greedy_after": final,
         "baselines": {k: rates(v) for k, v in base.items()},
         "best_threshold": best,
-        "curve_baselines": {
-            k: rates(v[:curve_n])["win"] for k, v in base.items() if k in ("random", "always_stand", best)
-        },
+        "curve_baselines": {k: rates(v)["win"] for k, v in curve_base.items() if k in ("random", "always_stand", best)},
         "curve": curve,
         "history": history,
         "greedy_table_hard_totals": greedy_table(model),
