@@ -17,8 +17,7 @@ paths, hostnames, pieces of configuration. Here the answer depends on who asked:
 ``create_app(..., error_details=True|False)`` fixes the choice for every client (see :mod:`.settings`). A reverse proxy
 on this machine must send ``X-Forwarded-For`` (or ``Forwarded``), or every client looks local.
 Trusting every proxy (uvicorn's ``--forwarded-allow-ips='*'``) lets any client name itself
-127.0.0.1. Where no request is being answered (a worker thread, an environment used directly)
-the text goes to the log only.
+127.0.0.1.
 
 Not covered, on purpose: a tool's failure is the tool's answer to the agent and is worded by
 FastMCP, whose own ``mask_error_details`` hides the text; messages OpenEnv writes itself
@@ -34,8 +33,6 @@ from typing import Any, Dict, Iterator, Optional
 
 from ..utils import is_loopback_ip  # a name ("unknown", an obfuscated one) is not known to be here
 from .exceptions import EnvironmentCallError, OpenEnvError
-
-ENV_VAR = "OPENENV_ERROR_DETAILS"
 
 # Set for each HTTP request and WebSocket connection by the app's outermost middleware. Unset (a
 # worker thread, which does not inherit the request's context; an environment used directly),

@@ -18,7 +18,7 @@ import logging
 import math
 import operator
 import os
-from typing import Any, AsyncIterator, Callable, Dict, Optional, Type, Union
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Optional, Type, Union
 
 import pydantic
 from fastapi import Body, FastAPI, Query, Request
@@ -31,15 +31,10 @@ from . import auth
 from . import error_details as shown_errors
 from .exceptions import EXECUTION, VALIDATION, EnvironmentCallError, EnvironmentResultError, OpenEnvError, kind_of
 from .interfaces import Environment
-from .limits import InFlightBudget, ServerLimits
+from .limits import InFlightBudget
 from .mcp_endpoint import MCPDispatcher
 from .middleware import BearerAuth, BodyLimits, ErrorDetailsScope
-from .serialization import (
-    deserialize_action,
-    serialize_observation,
-    to_json_bytes,
-    to_jsonable,
-)
+from .serialization import deserialize_action, serialize_observation, to_json_bytes, to_jsonable
 from .sessions import Session, SessionManager
 from .settings import ServerOptions, ServerSettings, tuned_gc
 from .types import (
@@ -66,17 +61,12 @@ from .ws_endpoint import WSContext, WSRoute
 
 logger = logging.getLogger("openenv.server")
 
-DEFAULT_MAX_MESSAGE_MB = 32.0
-"""Largest frame or request body the app accepts, in MiB (``OPENENV_MAX_MESSAGE_MB``)."""
-
 ENV_FACTORY = Callable[[], Environment]
 
 
 def _resolve_mode(mode: Union[ServerMode, str, None]) -> ServerMode:
-    if isinstance(mode, ServerMode):
-        return mode
     try:
-        return ServerMode(str(mode or ServerMode.SIMULATION.value).lower())
+        return mode if isinstance(mode, ServerMode) else ServerMode(str(mode or ServerMode.SIMULATION.value).lower())
     except ValueError:
         valid = ", ".join(m.value for m in ServerMode)
         raise ValueError(f"Invalid server mode {mode!r}: expected one of {valid}") from None
@@ -93,10 +83,6 @@ async def _request_validation_error(request: Request, exc: RequestValidationErro
     return _json_response({"detail": jsonable_encoder(exc.errors())}, status=422)
 
 
-def _error(status: int, code: str, message: str) -> JSONResponse:
-    return JSONResponse({"detail": message, "code": code}, status_code=status)
-
-
 def http_error(exc: BaseException, what: str) -> Response:
     """The HTTP answer to ``exc``, by the table of :mod:`.exceptions`: an invalid message's 422
     with pydantic's errors, an OpenEnv error's status and ``{"detail", "code"}``; anything else a
@@ -104,9 +90,9 @@ def http_error(exc: BaseException, what: str) -> Response:
     kind = kind_of(exc)
     if kind is VALIDATION:
         return _json_response({"detail": json.loads(exc.json())}, status=422)  # type: ignore[attr-defined]
-    if isinstance(exc, OpenEnvError) and kind is not EXECUTION:
-        return _error(kind.http_status, kind.ws_code, exc.text)
-    return _error(kind.http_status, kind.ws_code, shown_errors.describe(exc, logger, what))
+    own = isinstance(exc, OpenEnvError) and kind is not EXECUTION
+    detail = exc.text if own else shown_errors.describe(exc, logger, what)  # type: ignore[attr-defined]
+    return JSONResponse({"detail": detail, "code": kind.ws_code}, status_code=kind.http_status)
 
 
 def _observation_response(model: Type[pydantic.BaseModel], observation: Observation) -> Dict[str, Any]:
@@ -128,10 +114,9 @@ class HTTPEnvServer:
 
     ``env`` is a factory (usually the environment class) called once per session. With
     ``max_concurrent_envs > 1`` the environment must declare ``SUPPORTS_CONCURRENT_SESSIONS``.
-    ``settings`` (default: :meth:`ServerSettings.resolve` of ``options``, the keywords
-    ``create_app`` takes: ``step_timeout_s``, ``max_message_size_mb``, ``worker_threads``,
-    ``error_details``, ``auth_token``, ``limits``) says how it serves; every ``OPENENV_*``
-    variable that is set overrides the argument it stands for (see :mod:`.settings`).
+    ``settings`` (default: :meth:`ServerSettings.resolve` of ``options``, the keywords of
+    :class:`~.settings.ServerOptions` that ``create_app`` takes too) says how it serves; every
+    ``OPENENV_*`` variable that is set overrides the argument it stands for (see :mod:`.settings`).
     """
 
     def __init__(
@@ -165,17 +150,16 @@ class HTTPEnvServer:
             concurrency_config = ConcurrencyConfig(max_concurrent_envs=max_concurrent_envs or 1)
         if settings.max_sessions is not None:  # the deployment decides (`openenv serve --max-sessions N`)
             concurrency_config = concurrency_config.model_copy(update={"max_concurrent_envs": settings.max_sessions})
-        self._concurrency_config = concurrency_config
+        self.concurrency_config = concurrency_config
         self.action_cls = action_cls
         self.observation_cls = observation_cls
         self.reset_observation_cls = reset_observation_cls or observation_cls
         self.state_cls = state_cls
         self.env_name = env_name or getattr(env, "__name__", None) or type(env).__name__
         self.mode = settings.mode
-        limits = settings.limits
-        self.limits = limits
+        self.limits = settings.limits
         """What clients may make this server hold (read by the runner and the transport too)."""
-        self.budget = InFlightBudget(limits.max_inflight_bytes)
+        self.budget = InFlightBudget(self.limits.max_inflight_bytes)
         """The bytes in flight of all clients together (large frames and request bodies)."""
         self.manager = SessionManager(
             env,
@@ -183,11 +167,10 @@ class HTTPEnvServer:
             session_timeout_s=concurrency_config.session_timeout,
             step_timeout_s=settings.step_timeout_s,
             worker_threads=settings.worker_threads,
-            attached_idle_timeout_s=limits.session_idle_timeout_s or None,
+            attached_idle_timeout_s=self.limits.session_idle_timeout_s or None,
             sched_batch=settings.sched_batch,
         )
-        self.max_message_chars = limits.max_message_bytes
-        self.error_details = settings.error_details
+        self.max_message_chars = self.limits.max_message_bytes
         self.auth_token = auth.checked_token(settings.auth_token)
         self.manager.prepare = self.prepare_session
         self.mcp = MCPDispatcher(self.manager, action_cls, self.env_name, max_message_chars=self.max_message_chars)
@@ -197,10 +180,6 @@ class HTTPEnvServer:
         self._schema: Optional[Dict[str, Any]] = None
 
     # --- introspection (OpenEnv 0.10 API) ---------------------------------------------------
-
-    @property
-    def concurrency_config(self) -> ConcurrencyConfig:
-        return self._concurrency_config
 
     @property
     def max_concurrent_envs(self) -> int:
@@ -213,11 +192,9 @@ class HTTPEnvServer:
     @property
     def is_concurrency_safe(self) -> bool:
         cls = self.manager.env_cls
-        return (
-            bool(getattr(cls, "SUPPORTS_CONCURRENT_SESSIONS", False))
-            if cls is not None
-            else self.max_concurrent_envs > 1
-        )
+        if cls is None:
+            return self.max_concurrent_envs > 1
+        return bool(getattr(cls, "SUPPORTS_CONCURRENT_SESSIONS", False))
 
     def get_capacity_status(self) -> ServerCapacityStatus:
         return self.manager.capacity_status()
@@ -234,24 +211,21 @@ class HTTPEnvServer:
 
     # --- shared helpers of the routes -------------------------------------------------------
 
-    @contextlib.asynccontextmanager
-    async def _target(self, session_id: Optional[str]) -> AsyncIterator[Session]:
-        """The named session, or a throw-away one for a stateless call."""
-        if session_id:
-            yield self.manager.get(str(session_id))
-            return
-        async with self.manager.temporary() as session:
-            yield session
-
-    async def _guarded(self, operation: Callable[[], Any], request: Optional[Request] = None) -> Any:
-        """Run a route's work, turning failures into JSON errors with a code.
+    async def _serve(
+        self,
+        work: Callable[[Session], Awaitable[Any]],
+        session_id: Optional[str] = None,
+        request: Optional[Request] = None,
+    ) -> Any:
+        """``work`` on the session named ``session_id`` (or on a throw-away one), its failures
+        answered as JSON errors with a code.
 
         With ``request`` (a stateless call), a client that disconnects meanwhile cancels the work:
         its slot is freed at once, and a sync call still running goes on in its worker, the
         environment closed once it returns. Calls on a named session are left to finish, so its
         environment is never left halfway through one."""
-        if request is None:
-            return await self._answer(operation)
+        if session_id or request is None:
+            return await self._answer(work, session_id)
         task = asyncio.current_task()
         gone = False
 
@@ -265,7 +239,7 @@ class HTTPEnvServer:
 
         watcher = asyncio.ensure_future(watch())
         try:
-            return await self._answer(operation)
+            return await self._answer(work, None)
         except asyncio.CancelledError:
             if not gone:
                 raise
@@ -276,15 +250,18 @@ class HTTPEnvServer:
         finally:
             watcher.cancel()
 
-    async def _answer(self, operation: Callable[[], Any]) -> Any:
+    async def _answer(self, work: Callable[[Session], Awaitable[Any]], session_id: Optional[str]) -> Any:
         try:
-            return await operation()
+            if session_id:
+                return await work(self.manager.get(str(session_id)))
+            async with self.manager.temporary() as session:
+                return await work(session)
         except Exception as exc:
             return http_error(exc, "environment call failed")
 
     async def _metadata_of_env(self) -> EnvironmentMetadata:
         if self._metadata is None:
-            async with self._target(None) as session:
+            async with self.manager.temporary() as session:
                 metadata = await self.manager.call(session, "get_metadata", lambda env: env.get_metadata())
             # an EnvironmentMetadata, or a dict of its fields (upstream's response model takes both)
             if not isinstance(metadata, EnvironmentMetadata):
@@ -305,6 +282,31 @@ class HTTPEnvServer:
             ).model_dump()
         return self._schema
 
+    async def _call_task_method(self, env_name: str, method: str, *args: Any) -> Any:
+        """``method`` of a fresh environment, its result checked and shaped into the reply (a
+        method that fails, or returns what the reply cannot hold, is a JSON 500)."""
+        if env_name.lower() != self.env_name.lower():
+            return JSONResponse({"detail": f"unknown environment '{env_name}'"}, status_code=404)
+        unsupported = JSONResponse({"detail": f"{method} is not supported for this environment"}, status_code=501)
+
+        def invoke(env: Any) -> Any:
+            return getattr(env, method)(*args)
+
+        async def run(session: Session) -> Any:
+            fn = getattr(session.env, method, None)
+            if fn is None:
+                return unsupported
+            try:
+                sync_fn, async_fn = (None, invoke) if inspect.iscoroutinefunction(fn) else (invoke, None)
+                result = await self.manager.call(session, method, sync_fn, async_fn)
+            except NotImplementedError:
+                return unsupported
+            except IndexError:
+                return JSONResponse({"detail": "Invalid task index"}, status_code=400)
+            return _json_response(_task_reply(method, result, self.env_name))
+
+        return await self._serve(run)
+
     # --- routes ------------------------------------------------------------------------------
 
     def register_routes(self, app: FastAPI, mode: Union[ServerMode, str] = ServerMode.SIMULATION) -> None:
@@ -314,16 +316,21 @@ class HTTPEnvServer:
         if self.mode is ServerMode.SIMULATION:
             self._register_simulation_routes(app)
         self._register_info_routes(app)
-        self._register_mcp_routes(app)
+        mcp = self.mcp
+        app.add_api_route(
+            "/mcp", mcp.serve_http, methods=["POST"], tags=["Environment Info"], summary="MCP / JSON-RPC endpoint"
+        )
+        app.add_api_route("/mcp", mcp.refuse_http_get, methods=["GET"], include_in_schema=False)
+        app.add_api_route("/mcp", mcp.close_http, methods=["DELETE"], include_in_schema=False)
+        app.add_api_websocket_route("/mcp", mcp.serve_socket)
         self._register_task_routes(app)
         app.add_exception_handler(RequestValidationError, _request_validation_error)  # type: ignore[arg-type]
-        # The edges, innermost first (Starlette wraps each added middleware around the previous):
-        # body limits, then /ws, then the token, then the error-detail scope around all of it.
+        # The edges (see .middleware), innermost first: Starlette wraps each added one around the previous.
         app.add_middleware(BodyLimits, limit=self.max_message_chars, budget=self.budget)
         app.add_middleware(WSRoute, context=self.ws_context)
         if self.auth_token is not None:
             app.add_middleware(BearerAuth, token=self.auth_token)
-        app.add_middleware(ErrorDetailsScope, choice=self.error_details)
+        app.add_middleware(ErrorDetailsScope, choice=self.settings.error_details)
 
     def _install_lifespan(self, app: FastAPI) -> None:
         previous = app.router.lifespan_context
@@ -360,12 +367,10 @@ class HTTPEnvServer:
             kwargs = request.model_dump(exclude_unset=True) if request is not None else {}
             session_id = kwargs.pop("session_id", None)
 
-            async def run() -> Any:
-                async with server._target(session_id) as session:
-                    observation = await server.manager.reset(session, kwargs)
-                return _observation_response(ResetResponse, observation)
+            async def run(session: Session) -> Any:
+                return _observation_response(ResetResponse, await server.manager.reset(session, kwargs))
 
-            return await server._guarded(run, None if session_id else http_request)
+            return await server._serve(run, session_id, http_request)
 
         @app.post(
             "/step",
@@ -379,16 +384,16 @@ class HTTPEnvServer:
         )
         async def step(http_request: Request, request: StepRequest) -> Any:
             kwargs = request.model_dump(exclude_unset=True)
-            action_data = kwargs.pop("action")
             session_id = kwargs.pop("session_id", None)
+            try:  # before a session is taken: an invalid action costs no environment
+                action = deserialize_action(kwargs.pop("action"), server.action_cls)
+            except Exception as exc:
+                return http_error(exc, "environment call failed")
 
-            async def run() -> Any:
-                action = deserialize_action(action_data, server.action_cls)
-                async with server._target(session_id) as session:
-                    observation = await server.manager.step(session, action, kwargs)
-                return _observation_response(StepResponse, observation)
+            async def run(session: Session) -> Any:
+                return _observation_response(StepResponse, await server.manager.step(session, action, kwargs))
 
-            return await server._guarded(run, None if session_id else http_request)
+            return await server._serve(run, session_id, http_request)
 
         @app.get(
             "/state",
@@ -398,12 +403,10 @@ class HTTPEnvServer:
             description="The state of a fresh environment, or of the session named by `session_id`.",
         )
         async def state(http_request: Request, session_id: Optional[str] = Query(default=None)) -> Any:
-            async def run() -> Any:
-                async with server._target(session_id) as session:
-                    value = await server.manager.state(session)
-                return _json_response(value)
+            async def run(session: Session) -> Any:
+                return _json_response(await server.manager.state(session))
 
-            return await server._guarded(run, None if session_id else http_request)
+            return await server._serve(run, session_id, http_request)
 
     def _register_info_routes(self, app: FastAPI) -> None:
         server = self
@@ -425,19 +428,10 @@ class HTTPEnvServer:
             "/metadata", response_model=EnvironmentMetadata, tags=["Environment Info"], summary="Environment metadata"
         )
         async def metadata() -> Any:
-            async def run() -> Any:
+            try:
                 return (await server._metadata_of_env()).model_dump()
-
-            return await server._guarded(run)
-
-    def _register_mcp_routes(self, app: FastAPI) -> None:
-        mcp = self.mcp
-        app.add_api_route(
-            "/mcp", mcp.serve_http, methods=["POST"], tags=["Environment Info"], summary="MCP / JSON-RPC endpoint"
-        )
-        app.add_api_route("/mcp", mcp.refuse_http_get, methods=["GET"], include_in_schema=False)
-        app.add_api_route("/mcp", mcp.close_http, methods=["DELETE"], include_in_schema=False)
-        app.add_api_websocket_route("/mcp", mcp.serve_socket)
+            except Exception as exc:
+                return http_error(exc, "environment call failed")
 
     def _register_task_routes(self, app: FastAPI) -> None:
         server = self
@@ -446,89 +440,48 @@ class HTTPEnvServer:
         async def list_environments() -> Any:
             return [server.env_name]
 
-        async def call_task_method(env_name: str, method: str, shape: Callable[[Any], Any], *args: Any) -> Any:
-            """Call ``method`` on a fresh environment and ``shape`` its result into the reply; a
-            method that fails, or returns what the reply cannot hold, is a JSON 500."""
-            if env_name.lower() != server.env_name.lower():
-                return JSONResponse({"detail": f"unknown environment '{env_name}'"}, status_code=404)
-            unsupported = JSONResponse({"detail": f"{method} is not supported for this environment"}, status_code=501)
-
-            def invoke(env: Any) -> Any:
-                return getattr(env, method)(*args)
-
-            async def run() -> Any:
-                async with server._target(None) as session:
-                    fn = getattr(session.env, method, None)
-                    if fn is None:
-                        return unsupported
-                    try:
-                        if inspect.iscoroutinefunction(fn):
-                            result = await server.manager.call(session, method, None, invoke)
-                        else:
-                            result = await server.manager.call(session, method, invoke)
-                    except NotImplementedError:
-                        return unsupported
-                    except IndexError:
-                        return JSONResponse({"detail": "Invalid task index"}, status_code=400)
-                return _json_response(shape(_checked_result(method, result)))
-
-            return await server._guarded(run)
-
         @app.get("/{env_name}/splits", tags=["Tasks"], summary="Task splits")
         async def splits(env_name: str) -> Any:
-            return await call_task_method(env_name, "list_splits", lambda result: [_split_entry(s) for s in result])
+            return await server._call_task_method(env_name, "list_splits")
 
         @app.post("/{env_name}/tasks", tags=["Tasks"], summary="Tasks of a split")
         async def tasks(env_name: str, request: ListTasksRequest) -> Any:
-            return await call_task_method(
-                env_name,
-                "list_tasks",
-                lambda result: {"tasks": to_jsonable(result), "env_name": server.env_name},
-                request.split,
-            )
+            return await server._call_task_method(env_name, "list_tasks", request.split)
 
         @app.post("/{env_name}/num_tasks", tags=["Tasks"], summary="Number of tasks in a split")
         async def num_tasks(env_name: str, request: NumTasksRequest) -> Any:
-            return await call_task_method(env_name, "num_tasks", lambda result: {"num_tasks": result}, request.split)
+            return await server._call_task_method(env_name, "num_tasks", request.split)
 
         @app.post("/{env_name}/task", tags=["Tasks"], summary="One task")
         async def task(env_name: str, request: GetTaskRequest) -> Any:
-            return await call_task_method(
-                env_name, "get_task", lambda result: {"task": to_jsonable(result)}, request.split, request.index
-            )
+            return await server._call_task_method(env_name, "get_task", request.split, request.index)
 
         @app.post("/{env_name}/task_range", tags=["Tasks"], summary="A slice of a split's tasks")
         async def task_range(env_name: str, request: GetTaskRangeRequest) -> Any:
-            return await call_task_method(
-                env_name,
-                "get_task_range",
-                lambda result: {"tasks": to_jsonable(result)},
-                request.split,
-                request.start,
-                request.stop,
+            return await server._call_task_method(
+                env_name, "get_task_range", request.split, request.start, request.stop
             )
 
 
-_LIST_RESULTS = frozenset({"list_splits", "list_tasks", "get_task_range"})
-
-
-def _checked_result(method: str, result: Any) -> Any:
-    """``result`` of a TaskProvider method, refused (:class:`EnvironmentResultError`, a 500) when of the wrong kind;
-    numpy arrays and integers count as lists and ints."""
-    if method in _LIST_RESULTS:
-        to_list = getattr(result, "tolist", None)
-        if callable(to_list) and not isinstance(result, (list, tuple)):
-            result = to_list()
-        if not isinstance(result, (list, tuple)):
-            raise EnvironmentResultError(f"{method}() returned {type(result).__name__}, not a list")
-    elif method == "num_tasks":
-        if isinstance(result, bool):
-            raise EnvironmentResultError("num_tasks() returned bool, not an int")
-        try:
-            result = operator.index(result)
-        except TypeError:
-            raise EnvironmentResultError(f"num_tasks() returned {type(result).__name__}, not an int") from None
-    return result
+def _task_reply(method: str, result: Any, env_name: str) -> Any:
+    """The reply to a Task API call of ``method`` that returned ``result``; a result of the wrong kind
+    is refused (:class:`EnvironmentResultError`, a 500). Numpy arrays and integers count as lists and ints."""
+    if method == "get_task":
+        return {"task": to_jsonable(result)}
+    if method == "num_tasks":
+        if isinstance(result, bool) or not hasattr(result, "__index__"):
+            raise EnvironmentResultError(f"num_tasks() returned {type(result).__name__}, not an int")
+        return {"num_tasks": operator.index(result)}
+    to_list = getattr(result, "tolist", None)
+    if callable(to_list) and not isinstance(result, (list, tuple)):
+        result = to_list()
+    if not isinstance(result, (list, tuple)):
+        raise EnvironmentResultError(f"{method}() returned {type(result).__name__}, not a list")
+    if method == "list_tasks":
+        return {"tasks": to_jsonable(result), "env_name": env_name}
+    if method == "get_task_range":
+        return {"tasks": to_jsonable(result)}
+    return [_split_entry(split) for split in result]  # list_splits
 
 
 def _split_entry(split: Any) -> Any:
@@ -570,10 +523,10 @@ def create_fastapi_app(
         env,
         action_cls,
         observation_cls,
-        max_concurrent_envs=max_concurrent_envs,
-        concurrency_config=concurrency_config,
-        env_name=env_name,
-        state_cls=state_cls,
+        max_concurrent_envs,
+        concurrency_config,
+        env_name,
+        state_cls,
         reset_observation_cls=reset_observation_cls,
         settings=settings,
     )
@@ -598,17 +551,13 @@ def create_app(
     *,
     mode: Union[ServerMode, str, None] = None,
     reset_observation_cls: Optional[Type[Observation]] = None,
-    step_timeout_s: Optional[float] = None,
-    max_message_size_mb: Optional[float] = None,
-    worker_threads: Optional[int] = None,
-    error_details: Optional[bool] = None,
-    auth_token: Optional[str] = None,
-    limits: Optional[ServerLimits] = None,
+    **options: Unpack[ServerOptions],
 ) -> FastAPI:
     """The app for an environment: what ``server/app.py`` of an environment package exports.
 
-    Same signature as OpenEnv 0.10's ``create_app`` plus ``step_timeout_s``,
-    ``max_message_size_mb``, ``worker_threads``, ``error_details``, ``auth_token`` and ``limits`` (see
+    Same signature as OpenEnv 0.10's ``create_app`` plus the keywords of
+    :class:`~.settings.ServerOptions`: ``step_timeout_s``, ``max_message_size_mb``,
+    ``worker_threads``, ``error_details``, ``auth_token`` and ``limits`` (see
     :class:`HTTPEnvServer`). ``ENABLE_WEB_INTERFACE`` asks for the web
     playground, which this release does not ship: a warning says so and the API is served alone.
     """
@@ -618,16 +567,11 @@ def create_app(
         env,
         action_cls,
         observation_cls,
-        max_concurrent_envs=max_concurrent_envs,
-        concurrency_config=concurrency_config,
-        env_name=env_name,
-        state_cls=state_cls,
+        max_concurrent_envs,
+        concurrency_config,
+        env_name,
+        state_cls,
         mode=mode,
         reset_observation_cls=reset_observation_cls,
-        step_timeout_s=step_timeout_s,
-        max_message_size_mb=max_message_size_mb,
-        worker_threads=worker_threads,
-        error_details=error_details,
-        auth_token=auth_token,
-        limits=limits,
+        **options,
     )

@@ -18,6 +18,7 @@ the MCP specification asks. A ``tools/call`` result carries both key styles: ``c
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any, Callable, Dict, Optional, Type, Union
 
@@ -49,6 +50,12 @@ SUPPORTED_PROTOCOL_VERSIONS = frozenset({"2024-11-05", "2025-03-26", "2025-06-18
 """MCP revisions whose tools subset (initialize, ping, tools/list, tools/call) this server speaks:
 ``initialize`` answers the requested one when it is among them, else the latest."""
 
+_NO_RESPONSE = object()  # what a notification gets
+_BINARY_FRAME = JsonRpcResponse.error_response(
+    JsonRpcErrorCode.PARSE_ERROR, "Parse error: binary frames are not supported"
+)
+_FAILED_TOOL = {"isError": True, "is_error": True, "structured_content": None, "data": None, "meta": None}
+
 
 class _RpcError(Exception):
     def __init__(self, code: int, message: str, data: Any = None) -> None:
@@ -60,9 +67,9 @@ class _RpcError(Exception):
 
 def rpc_error(exc: BaseException, request_id: Any = None, what: str = "MCP request failed") -> JsonRpcResponse:
     """The JSON-RPC error answering ``exc``, by the table of :mod:`.exceptions`: an OpenEnv error
-    with its code, message and ``data`` (its ``/ws`` code and details); anything else as an
-    internal error, worded by :func:`.error_details.describe`. ``data`` carries the ``/ws`` code
-    and the details where there are any (a timeout's ``timeout_s``, capacity's counts)."""
+    with its code, message and, where it has details (a timeout's ``timeout_s``, capacity's
+    counts), ``data`` holding them and its ``/ws`` code; anything else as an internal error,
+    worded by :func:`.error_details.describe`."""
     if isinstance(exc, _RpcError):
         return JsonRpcResponse.error_response(exc.code, exc.message, exc.data, request_id)
     kind = kind_of(exc)
@@ -70,8 +77,7 @@ def rpc_error(exc: BaseException, request_id: Any = None, what: str = "MCP reque
         details = exc.details()
         data = {"code": kind.ws_code, **details} if details else None  # upstream sends no data
         return JsonRpcResponse.error_response(kind.rpc_code, exc.text, data, request_id)
-    message = shown_errors.describe(exc, logger, what)
-    return JsonRpcResponse.error_response(kind.rpc_code, message, None, request_id)
+    return JsonRpcResponse.error_response(kind.rpc_code, shown_errors.describe(exc, logger, what), None, request_id)
 
 
 def parse_request(message: Any, max_chars: int) -> Union[JsonRpcRequest, JsonRpcResponse]:
@@ -132,10 +138,6 @@ class MCPDispatcher:
         self.server_name = server_name
         self.server_version = server_version
 
-    async def create_session(self) -> Session:
-        """A detached session (``openenv/session/create`` and MCP ``initialize``)."""
-        return await self.manager.create(SessionKind.DETACHED)
-
     async def dispatch(
         self,
         request: JsonRpcRequest,
@@ -168,11 +170,10 @@ class MCPDispatcher:
         header_session = request.headers.get("mcp-session-id")
         protocol = request.headers.get("mcp-protocol-version")
         if protocol is not None and protocol not in SUPPORTED_PROTOCOL_VERSIONS:
-            message = f"Unsupported MCP-Protocol-Version {protocol!r}; supported: " + ", ".join(
-                sorted(SUPPORTED_PROTOCOL_VERSIONS)
-            )
+            supported = ", ".join(sorted(SUPPORTED_PROTOCOL_VERSIONS))
+            message = f"Unsupported MCP-Protocol-Version {protocol!r}; supported: {supported}"
             return _rpc_reply(
-                JsonRpcResponse.error_response(JsonRpcErrorCode.INVALID_REQUEST, message, None, rpc.id), status=400
+                JsonRpcResponse.error_response(JsonRpcErrorCode.INVALID_REQUEST, message, None, rpc.id), 400
             )
         session: Optional[Session] = None
         headers: Dict[str, str] = {}
@@ -180,12 +181,13 @@ class MCPDispatcher:
             if header_session:
                 session = self.manager.get(header_session)
             elif rpc.method == "initialize":
-                session = await self.create_session()
+                session = await self.manager.create(SessionKind.DETACHED)
                 headers["mcp-session-id"] = session.id
         except SessionNotFoundError:
             message = f"Unknown MCP session: {header_session}"
-            error = JsonRpcResponse.error_response(JsonRpcErrorCode.INVALID_PARAMS, message, None, rpc.id)
-            return _rpc_reply(error, status=404)
+            return _rpc_reply(
+                JsonRpcResponse.error_response(JsonRpcErrorCode.INVALID_PARAMS, message, None, rpc.id), 404
+            )
         except Exception as exc:  # capacity, a failing factory, shutdown, ...: a JSON-RPC error
             return _rpc_reply(rpc_error(exc, rpc.id, "could not open an MCP session"))
         mcp_dialect = protocol is not None or header_session is not None
@@ -216,11 +218,9 @@ class MCPDispatcher:
             session = await self.manager.create(SessionKind.SOCKET)
         except Exception as exc:
             error = rpc_error(exc, None, "could not open an MCP session")
-            try:
+            with contextlib.suppress(Exception):  # the client may be gone already
                 await websocket.send_text(dumps_json(error.model_dump()))
                 await websocket.close(kind_of(exc).close_code)
-            except Exception:
-                pass
             return
         try:
             while True:
@@ -228,19 +228,14 @@ class MCPDispatcher:
                 if message["type"] == "websocket.disconnect":
                     break
                 text = message.get("text")
-                if text is None:
-                    response: Optional[JsonRpcResponse] = JsonRpcResponse.error_response(
-                        JsonRpcErrorCode.PARSE_ERROR, "Parse error: binary frames are not supported"
-                    )
-                else:
-                    rpc = parse_request(text, self.max_message_chars)
-                    response = (
-                        rpc
-                        if isinstance(rpc, JsonRpcResponse)
-                        else await self.dispatch(rpc, session=session, socket_owned=True)
-                    )
-                if response is not None:
-                    await websocket.send_text(dumps_json(response.model_dump()))
+                rpc = _BINARY_FRAME if text is None else parse_request(text, self.max_message_chars)
+                answer = (
+                    rpc
+                    if isinstance(rpc, JsonRpcResponse)
+                    else await self.dispatch(rpc, session=session, socket_owned=True)
+                )
+                if answer is not None:
+                    await websocket.send_text(dumps_json(answer.model_dump()))
         except Exception:
             pass
         finally:
@@ -259,8 +254,7 @@ class MCPDispatcher:
         if method == "openenv/session/create":
             if session is not None and socket_owned:
                 return {"session_id": session.id}
-            created = await self.create_session()
-            return {"session_id": created.id}
+            return {"session_id": (await self.manager.create(SessionKind.DETACHED)).id}
         if method == "openenv/session/close":
             session_id = params.get("session_id")
             if not session_id:
@@ -312,12 +306,7 @@ class MCPDispatcher:
             raise _RpcError(
                 JsonRpcErrorCode.INTERNAL_ERROR, "Environment answered tools/list without a ListToolsObservation"
             )
-        tools = []
-        for tool in observation.tools:
-            entry = tool.model_dump()
-            entry["inputSchema"] = entry["input_schema"]
-            tools.append(entry)
-        return {"tools": tools}
+        return {"tools": [{**tool.model_dump(), "inputSchema": tool.input_schema} for tool in observation.tools]}
 
     async def _call_tool(self, session: Session, params: Dict[str, Any], mcp_dialect: bool) -> Dict[str, Any]:
         name = params.get("name")
@@ -348,21 +337,10 @@ class MCPDispatcher:
             session.touch(step=True)  # a failed call is a step too
             error = failure.error
             if mcp_dialect and error.error_type is not ToolErrorType.TOOL_NOT_FOUND:
-                text = [{"type": "text", "text": error.message}]
-                return {
-                    "content": text,
-                    "isError": True,
-                    "is_error": True,
-                    "structured_content": None,
-                    "data": None,
-                    "meta": None,
-                }
+                return {"content": [{"type": "text", "text": error.message}], **_FAILED_TOOL}
             code = JsonRpcErrorCode.INVALID_PARAMS if mcp_dialect else JsonRpcErrorCode.INTERNAL_ERROR
             raise _RpcError(code, error.message, {"error_type": error.error_type.value}) from None
-        payload = dict(payload)
-        payload["structuredContent"] = payload["structured_content"]
-        payload["isError"] = payload["is_error"]
-        return payload
+        return {**payload, "structuredContent": payload["structured_content"], "isError": payload["is_error"]}
 
 
 def _as_mcp_result(dump: Dict[str, Any]) -> Dict[str, Any]:
@@ -376,16 +354,7 @@ def _as_mcp_result(dump: Dict[str, Any]) -> Dict[str, Any]:
         text = str(error)
     else:
         text = result if isinstance(result, str) else dumps_json(result)
-    out = dict(dump)
-    out["content"] = [{"type": "text", "text": text}]
-    out["isError"] = error is not None
+    out = {**dump, "content": [{"type": "text", "text": text}], "isError": error is not None}
     if isinstance(result, dict):
         out["structuredContent"] = result
     return out
-
-
-class _NoResponse:
-    pass
-
-
-_NO_RESPONSE = _NoResponse()

@@ -15,7 +15,7 @@ Each answers what it refuses by the error table of :mod:`.exceptions` (JSON-RPC 
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from . import auth
 from . import error_details as shown_errors
@@ -69,11 +69,21 @@ class BearerAuth:
             and not auth.authorized(scope, self.token)
             and not auth.is_open(scope, route_path(scope))
         ):
-            await auth.refuse(scope, receive, send)
-            if scope["type"] == "websocket":
-                uvicorn_compat.end_refused_handshake(send)
+            await self._refuse(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+    async def _refuse(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
+        content = {"detail": auth.refusal(scope), "code": "UNAUTHORIZED"}
+        if scope["type"] == "http":  # close: an unread body is not read on, nor the next request
+            await _respond(send, "http", 401, content, (b"www-authenticate", b"Bearer"), (b"connection", b"close"))
+            return
+        await receive()  # websocket.connect: the handshake to answer
+        if "websocket.http.response" in (scope.get("extensions") or {}):
+            await _respond(send, "websocket.http", 401, content, (b"www-authenticate", b"Bearer"))
+        else:  # a server without the extension: a close before accepting is its 403
+            await send({"type": "websocket.close", "code": 1008})
+        uvicorn_compat.end_refused_handshake(send)
 
 
 class BodyLimits:
@@ -94,10 +104,7 @@ class BodyLimits:
         declared = -1
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    declared = -1
+                declared = int(value) if value.isdigit() else -1
                 if declared > limit:
                     await refuse(scope, send, MessageTooLargeError(declared, limit))
                     return
@@ -144,14 +151,10 @@ class BodyLimits:
 
 
 def _replay(body: bytes, receive: Any) -> Any:
-    replayed = False
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
 
     async def replay() -> Dict[str, Any]:
-        nonlocal replayed
-        if not replayed:
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
+        return pending.pop() if pending else await receive()
 
     return replay
 
@@ -164,12 +167,13 @@ async def refuse(scope: Dict[str, Any], send: Any, error: OpenEnvError) -> None:
         content: Any = JsonRpcResponse.error_response(kind.rpc_code, error.text).model_dump()
     else:
         content = {"detail": error.text, "code": kind.ws_code}
+    await _respond(send, "http", kind.http_status, content)
+
+
+async def _respond(send: Any, prefix: str, status: int, content: Any, *headers: Tuple[bytes, bytes]) -> None:
+    """Send ``content`` as a JSON response (``prefix``: ``http``, or ``websocket.http`` for a
+    handshake answered with one)."""
     body = to_json_bytes(content)
-    await send(
-        {
-            "type": "http.response.start",
-            "status": kind.http_status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    start = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]
+    await send({"type": f"{prefix}.response.start", "status": status, "headers": start})
+    await send({"type": f"{prefix}.response.body", "body": body})

@@ -22,9 +22,8 @@ class GetEndpointConfig:
 def register_get_endpoints(app: FastAPI, configs: Iterable[GetEndpointConfig]) -> None:
     """Add each config as a GET route; sync handlers run in the threadpool, not on the loop."""
     for config in configs:
-        endpoint = config.handler
-        if not inspect.iscoroutinefunction(endpoint):
-            endpoint = _sync_endpoint(endpoint)
+        handler = config.handler
+        endpoint = handler if inspect.iscoroutinefunction(handler) else _sync_endpoint(handler)
         app.get(
             config.path,
             response_model=config.response_model,

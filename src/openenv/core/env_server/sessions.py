@@ -7,18 +7,16 @@ through one :class:`SessionManager`. It owns:
 * **execution** — async environments run on the event loop; sync ones run in a bounded
   :class:`WorkerPool` (one thread when ``REQUIRES_SINGLE_THREAD_EXECUTOR``), one call at a time
   per session (an ``asyncio.Lock``, not a thread per session);
-* **time limits** — with ``step_timeout_s`` set, a reset/step/state/tool call that runs longer is
-  abandoned: the caller gets :class:`StepTimeoutError`, the session's environment instance is
-  discarded (closed once its call returns) and the next call builds a fresh one. A sync call whose
-  caller went away (a dropped client) keeps the environment busy until it returns: the session's
-  next call waits for it (under the step timeout), so two calls never run on one instance;
-* **lifetime** — a session created by a socket lives as long as that socket; a session created over
-  HTTP (``openenv/session/create``) lives until it is closed or has been idle, with no socket
-  attached, for ``session_timeout_s`` (default :data:`DEFAULT_DETACHED_SESSION_TIMEOUT_S`). A
-  session with a socket attached that no call has used for ``attached_idle_timeout_s`` (the
-  server's ``OPENENV_SESSION_IDLE_TIMEOUT_S``) is closed too, so that idle connections cannot hold
-  every slot; its next call, and a later lookup of its id, raise an error that says why. No
-  session is reaped while a call runs on it.
+* **time limits** — a reset/step/state/tool call that runs past ``step_timeout_s`` is abandoned:
+  the caller gets :class:`StepTimeoutError` and the session's environment is discarded (closed once
+  its call returns; the next call builds a fresh one). A sync call whose caller went away keeps the
+  environment busy: the session's next call waits for it, so two calls never run on one instance;
+* **lifetime** — a socket's session lives as long as the socket; one created over HTTP
+  (``openenv/session/create``) until it is closed or has been idle, with no socket attached, for
+  ``session_timeout_s`` (default :data:`DEFAULT_DETACHED_SESSION_TIMEOUT_S`). A session with a
+  socket attached and no call for ``attached_idle_timeout_s`` (``OPENENV_SESSION_IDLE_TIMEOUT_S``)
+  is closed too, so idle connections cannot hold every slot; its next call, and a later lookup of
+  its id, say why. No session is reaped while a call runs on it.
 """
 
 from __future__ import annotations
@@ -26,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import functools
 import inspect
 import logging
@@ -134,44 +133,27 @@ class SessionLock:
         self._busy = False
 
 
-class SessionClosedError(SessionNotFoundError):
-    """The session was closed while a call was waiting for it."""
-
-
+@dataclasses.dataclass(eq=False, slots=True)
 class Session:
     """One environment instance and its bookkeeping. Fields are only touched on the event loop."""
 
-    __slots__ = (
-        "attached",
-        "close_reason",
-        "close_requested",
-        "created_at",
-        "env",
-        "id",
-        "inflight",
-        "kind",
-        "last_activity_at",
-        "lock",
-        "state",
-        "step_count",
-        "traits",
-    )
+    id: str
+    kind: SessionKind
+    state: SessionState = SessionState.CREATING
+    env: Any = None
+    traits: Optional[EnvTraits] = None
+    created_at: float = dataclasses.field(default_factory=time.time)
+    last_activity_at: float = 0.0
+    step_count: int = 0
+    attached: bool = False
+    close_requested: bool = False
+    close_reason: Optional[str] = None  # why the server closed it, for its next caller
+    lock: SessionLock = dataclasses.field(default_factory=SessionLock)
+    inflight: Optional[Job] = None  # the pool call running on ``env`` (its caller may have left)
 
-    def __init__(self, session_id: str, kind: SessionKind) -> None:
-        now = time.time()
-        self.id = session_id
-        self.kind = kind
-        self.state = SessionState.CREATING
-        self.env: Any = None
-        self.traits: Optional[EnvTraits] = None
-        self.created_at = now
-        self.last_activity_at = now
-        self.step_count = 0
-        self.attached = kind is SessionKind.SOCKET
-        self.close_requested = False
-        self.close_reason: Optional[str] = None  # why the server closed it, for its next caller
-        self.lock = SessionLock()
-        self.inflight: Optional[Job] = None
+    def __post_init__(self) -> None:
+        self.last_activity_at = self.created_at
+        self.attached = self.kind is SessionKind.SOCKET
 
     def transition(self, new: SessionState) -> None:
         if new not in _TRANSITIONS[self.state]:
@@ -194,20 +176,20 @@ class Session:
 
 
 def _accepted_kwargs(method: Callable[..., Any], skip: int) -> Optional[FrozenSet[str]]:
-    """Names a method accepts as keywords, or None when it takes ``**kwargs``."""
+    """Names a method accepts as keywords after its first ``skip`` parameters; None: ``**kwargs``."""
     try:
         params = list(inspect.signature(method).parameters.values())[skip:]
     except (TypeError, ValueError):
         return None
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+    if any(p.kind is p.VAR_KEYWORD for p in params):
         return None
-    return frozenset(
-        p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    )
+    return frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
 def _overrides(cls: type, name: str, base: type) -> bool:
-    return getattr(cls, name, None) is not getattr(base, name, None)
+    """``cls`` has a method ``name`` that is not ``base``'s."""
+    method = getattr(cls, name, None)
+    return method is not None and method is not getattr(base, name, None)
 
 
 class EnvTraits:
@@ -223,18 +205,15 @@ class EnvTraits:
         self.mcp = mcp_cls is not None and issubclass(cls, mcp_cls)
         self.on_loop = bool(getattr(cls, "RUNS_ON_EVENT_LOOP", False))
         """The sync reset/step/state are called on the event loop (the class opted in)."""
-        self.async_reset = _overrides(cls, "reset_async", Environment) and hasattr(cls, "reset_async")
+        self.async_reset = _overrides(cls, "reset_async", Environment)
         if self.mcp:  # MCP actions always run on the loop; others where _step_impl runs
             self.async_step = _overrides(cls, "step_async", mcp_cls) or inspect.iscoroutinefunction(
                 getattr(cls, "_step_impl", None)
             )
         else:
-            self.async_step = _overrides(cls, "step_async", Environment) and hasattr(cls, "step_async")
+            self.async_step = _overrides(cls, "step_async", Environment)
         self.reset_kwargs = _accepted_kwargs(getattr(cls, "reset_async" if self.async_reset else "reset"), 1)
-        step_method = getattr(cls, "step_async" if self.async_step else "step")
-        self.step_kwargs = _accepted_kwargs(step_method, 2)
-        if self.step_kwargs is not None:
-            self.step_kwargs = self.step_kwargs - {"action"}
+        self.step_kwargs = _accepted_kwargs(getattr(cls, "step_async" if self.async_step else "step"), 2)
 
     @staticmethod
     def filter(
@@ -249,12 +228,6 @@ class EnvTraits:
                 return kwargs
             return {k: v for k, v in kwargs.items() if k not in positional}
         return {k: v for k, v in kwargs.items() if k in accepted}
-
-
-def steps_on_loop(traits: EnvTraits, action: Any) -> bool:
-    """Whether a step with ``action`` runs on the event loop (an async ``step_async``, or an MCP
-    action of an MCP environment) rather than in the worker pool."""
-    return traits.async_step or (traits.mcp and getattr(action, "type", None) in MCP_ACTIONS)
 
 
 @functools.cache
@@ -327,11 +300,8 @@ class SessionManager:
         return ServerCapacityStatus.from_counts(min(len(self._sessions), self.max_sessions), self.max_sessions)
 
     def get(self, session_id: str) -> Session:
-        """The session named ``session_id``, ready for calls.
-
-        Raises :class:`SessionNotFoundError` when there is none, and :class:`SessionCreationError`
-        while its environment is still being built.
-        """
+        """The session named ``session_id``, ready for calls: :class:`SessionNotFoundError` when
+        there is none, :class:`SessionCreationError` while its environment is still being built."""
         session = self._sessions.get(session_id)
         if session is None:
             raise SessionNotFoundError(session_id, self._reaped.get(session_id))
@@ -383,8 +353,9 @@ class SessionManager:
         return env
 
     def _close_built(self, job: Job) -> None:
-        if job.outcome is not None and job.outcome[0]:
-            self._close_soon(job.outcome[1], None)
+        ok, env = job.returned  # type: ignore[misc]
+        if ok:
+            self._close_soon(env, None)
 
     # --- session lifecycle ----------------------------------------------------------------
 
@@ -396,37 +367,32 @@ class SessionManager:
             raise SessionCapacityError(len(self._sessions), self.max_sessions)
         session = Session(str(uuid.uuid4()), kind)
         self._sessions[session.id] = session
-        env = None
         try:
             env = await self._build_env()
             if session.state is not SessionState.CREATING:  # destroyed while its env was being built
+                self._close_soon(env, None)
                 raise SessionCreationError("session was closed while it was being created")
-            session.env = env
-            session.traits = env_traits(type(env))
-            self._prepare(session)
+            self._install(session, env)
         except BaseException:
-            if self._sessions.get(session.id) is session:
-                del self._sessions[session.id]
+            self._sessions.pop(session.id, None)
             if session.state is SessionState.CREATING:
                 session.transition(SessionState.CLOSING)
                 session.transition(SessionState.CLOSED)
-            session.env = None
-            if env is not None:
-                self._close_soon(env, None)
+            self._discard_env(session)
             raise
         session.transition(SessionState.READY)
         self._ensure_reaper()
         return session
 
-    def _prepare(self, session: Session) -> None:
+    def _install(self, session: Session, env: Any) -> None:
+        session.env = env
+        session.traits = env_traits(type(env))
         if self.prepare is not None:
             self.prepare(session)
 
     def attach(self, session_id: str) -> Session:
         """Attach a socket to a detached session (one socket at a time)."""
-        session = self.get(session_id)
-        if session.state is not SessionState.READY:
-            raise SessionNotFoundError(session_id)
+        session = self.get(session_id)  # a session in the table that is not creating is ready
         if session.attached:
             raise SessionCreationError("attached", f"Session {session_id} is already attached to another connection")
         session.attached = True
@@ -465,13 +431,10 @@ class SessionManager:
         if waiter is not None:
             await session.lock.wait(waiter)
         try:
-            env, session.env = session.env, None
-            job, session.inflight = session.inflight, None
             session.transition(SessionState.CLOSED)
+            self._discard_env(session)
         finally:
             session.lock.release()
-        if env is not None:
-            self._close_soon(env, job)
 
     def _close_soon(self, env: Any, job: Optional[Job]) -> None:
         """Close ``env`` in the pool, after ``job`` (a call still running on it) has returned, and
@@ -495,33 +458,29 @@ class SessionManager:
         close = getattr(env, "close", None)
         if close is None:
             return
-        job: Optional[Job] = None
+        name = type(env).__name__
         try:
             job = self.pool.submit(close)
-            seen_running = False
-            while True:
-                try:
-                    await within(asyncio.shield(job.future), CLOSE_TIMEOUT_S)
+        except RuntimeError:  # the pool is shut down: close inline as a last resort
+            with contextlib.suppress(Exception):
+                close()
+            return
+        seen_running = False
+        while True:
+            try:
+                await within(asyncio.shield(job.future), CLOSE_TIMEOUT_S)
+                return
+            except asyncio.TimeoutError:
+                if seen_running:  # a whole window since it was seen running
+                    logger.warning("%s.close() did not return within %g s", name, CLOSE_TIMEOUT_S)
+                    self.pool.abandon(job)  # its worker is stuck: let another take its place
                     return
-                except asyncio.TimeoutError:
-                    if job.started and seen_running:  # a whole window since it was seen running
-                        raise
-                    if job.started:
-                        seen_running = True  # it started late in this window: give it a full one
-                    else:  # every worker is busy (stuck ones, say): wait on, a close is never skipped
-                        logger.warning("%s.close() still waits for a free worker", type(env).__name__)
-        except asyncio.TimeoutError:
-            logger.warning("%s.close() did not return within %g s", type(env).__name__, CLOSE_TIMEOUT_S)
-            if job is not None:
-                self.pool.abandon(job)  # its worker is stuck: let another take its place
-        except RuntimeError as exc:  # pool shut down: close inline as a last resort
-            if "shut down" in str(exc):
-                with contextlib.suppress(Exception):
-                    close()
-            else:
-                logger.exception("%s.close() failed", type(env).__name__)
-        except Exception:
-            logger.exception("%s.close() failed", type(env).__name__)
+                seen_running = job.started  # one that started late in this window gets a full one
+                if not seen_running:  # every worker is busy (stuck ones, say): a close is never skipped
+                    logger.warning("%s.close() still waits for a free worker", name)
+            except Exception:
+                logger.exception("%s.close() failed", name)
+                return
 
     def _spawn(self, coro: Any) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
@@ -546,21 +505,15 @@ class SessionManager:
                 self.max_sessions,
                 f"All {self.max_sessions} slots for stateless calls stayed busy for {wait:g} s; try again later",
             ) from None
+        session = Session("temporary", SessionKind.TEMPORARY)
+        session.transition(SessionState.READY)
         try:
-            env = await self._build_env()
-            session = Session("temporary", SessionKind.TEMPORARY)
-            session.env = env
-            session.traits = env_traits(type(env))
-            session.transition(SessionState.READY)
-            try:
-                self._prepare(session)
-                yield session
-            finally:
-                session.transition(SessionState.CLOSING)
-                session.transition(SessionState.CLOSED)
-                if session.env is not None:
-                    self._close_soon(session.env, session.inflight)
+            self._install(session, await self._build_env())
+            yield session
         finally:
+            session.transition(SessionState.CLOSING)
+            session.transition(SessionState.CLOSED)
+            self._discard_env(session)
             slots.release()
 
     # --- calls on a session's environment ---------------------------------------------------
@@ -629,25 +582,22 @@ class SessionManager:
     async def _env_for_call(self, session: Session, operation: str) -> Any:
         """The session's environment, ready for a call (the session's lock is held)."""
         if session.state is not SessionState.READY:
-            raise SessionClosedError(session.id, session.close_reason or f"Session {session.id} is closed")
+            raise SessionNotFoundError(session.id, session.close_reason or f"Session {session.id} is closed")
         previous = session.inflight
         if previous is not None and not previous.done:
-            # A call whose caller went away still runs on this environment: wait for it.
-            await self._returned(session, previous, operation)
+            # A call whose caller went away still runs on this environment: wait for it, under the
+            # step timeout (past it, the environment is closed once that call returns).
+            try:
+                await _with_timeout(previous.when_done(), self.step_timeout_s, operation)
+            except StepTimeoutError:
+                self._discard_env(session)
+                raise
+            session.inflight = None
         env = session.env
         if env is None:  # discarded after a timeout
-            env = session.env = await self._build_env()
-            self._prepare(session)
+            env = await self._build_env()
+            self._install(session, env)
         return env
-
-    async def _returned(self, session: Session, job: Job, operation: str) -> None:
-        """Wait (under the step timeout) until ``job``, abandoned by its caller, has returned."""
-        try:
-            await _with_timeout(job.when_done(), self.step_timeout_s, operation)
-        except StepTimeoutError:
-            self._discard_env(session)  # closed once that call returns; the next call builds anew
-            raise
-        session.inflight = None
 
     def _discard_env(self, session: Session) -> None:
         env, session.env = session.env, None
@@ -670,7 +620,8 @@ class SessionManager:
         assert traits is not None
         if kwargs:
             kwargs = traits.filter(kwargs, traits.step_kwargs, _STEP_POSITIONAL)
-        if steps_on_loop(traits, action):
+        # On the loop: an async ``step_async``, or an MCP action of an MCP environment.
+        if traits.async_step or (traits.mcp and getattr(action, "type", None) in MCP_ACTIONS):
             if kwargs:
                 return self.call(session, "step", None, lambda env: env.step_async(action, **kwargs), step=True)
             return self.call(session, "step", None, lambda env: env.step_async(action), step=True)
@@ -745,18 +696,13 @@ class SessionManager:
             self._reaper = None
         for session in list(self._sessions.values()):
             await self.destroy(session)
-        if self._awaiting_return:
-            # Environments whose last call still runs (a client left mid-step): close them when it
-            # returns, rather than leave them (and whatever they hold) open after the server.
-            logger.info(
-                "waiting up to %.0f s for %d environment call(s) to return, to close their environments",
-                CLOSE_TIMEOUT_S,
-                len(self._awaiting_return),
-            )
-            loop = asyncio.get_running_loop()
-            mine = [job for job in self._awaiting_return if job.future.get_loop() is loop]
-            if mine:
-                await asyncio.wait([job.when_done() for job in mine], timeout=CLOSE_TIMEOUT_S)
+        # Environments whose last call still runs (a client left mid-step): close them when it
+        # returns, rather than leave them (and whatever they hold) open after the server.
+        loop = asyncio.get_running_loop()
+        returns = [job.when_done() for job in self._awaiting_return if job.future.get_loop() is loop]
+        if returns:
+            logger.info("waiting up to %.0f s for %d environment call(s) to return", CLOSE_TIMEOUT_S, len(returns))
+            await asyncio.wait(returns, timeout=CLOSE_TIMEOUT_S)
         if self._background:
             await asyncio.wait(set(self._background), timeout=CLOSE_TIMEOUT_S)
         if self._awaiting_return:

@@ -4,33 +4,25 @@ Unlike ``loop.run_in_executor`` it hands results back to the event loop with one
 however many calls finished meanwhile, its threads are daemons (a hung environment never blocks
 interpreter exit), and a call abandoned by a timeout or a cancelled request does not cost the pool
 a worker for good: a replacement thread is allowed while the stuck one is busy (up to
-``max_stuck`` replacements, so a hanging environment cannot make threads without bound), and the
-stuck one retires when its call finally returns.
+``max_stuck`` replacements), and the stuck one retires when its call finally returns.
 
-Two details keep a hand-off to a worker and back near the least number of thread switches (one
-sleep of the worker, one more of the loop; ``bench/bench_handoff.py`` measures switches and time
-per hand-off). Against the pool without them, run in the same process in alternating blocks, a
-hand-off after an idle millisecond took 4.0 switches instead of 7.6-7.9 and its median time to the
-result fell by a fifth:
+Two details keep a hand-off near the least number of thread switches (``bench/bench_handoff.py``
+measures them):
 
-* Results wake the loop through an eventfd (a pipe off Linux) that the loop watches, written with
-  ``os.write``, which lets go of the GIL for the write. uvloop's ``call_soon_threadsafe`` writes
-  its wake-up while holding the GIL, so the woken loop often has to sleep again until the worker
-  lets go of it. Loops that cannot watch a file descriptor get ``call_soon_threadsafe``.
-* Workers may run under Linux's ``SCHED_BATCH`` policy (``WorkerPool(..., batch=True)``; a
-  server's with ``OPENENV_SCHED_BATCH=1``: it changes threads and the processes a step starts, so
-  it is off unless asked for): a worker that is woken does not preempt the
-  thread that woke it. That thread is the event loop, which holds the GIL until it next waits,
-  so a worker that preempted it could not run Python anyway and would only switch back. The
-  policy changes wake-up preemption only, not a thread's share of the CPU; threads and processes
-  an environment starts from a step inherit it. A thread that already runs under another policy
-  (set with ``chrt``, say) keeps it.
+* Results wake the loop through an eventfd (a pipe off Linux) written with ``os.write``, which
+  lets go of the GIL; uvloop's ``call_soon_threadsafe`` writes while holding it, so the woken loop
+  often sleeps again until the worker lets go. Loops that cannot watch an fd get the latter.
+* With ``batch=True`` (``OPENENV_SCHED_BATCH=1``; off by default, as threads and processes a step
+  starts inherit it) workers run under Linux's ``SCHED_BATCH``: a woken worker does not preempt
+  the event loop that woke it, which holds the GIL until it next waits anyway. A thread already
+  under another policy (``chrt``) keeps it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import logging
 import os
@@ -57,7 +49,6 @@ class Job:
         "done",
         "fn",
         "future",
-        "outcome",
         "pool",
         "returned",
         "started",
@@ -77,12 +68,11 @@ class Job:
         self.delivery = delivery
         self.pool = pool
         self.started = False  # written by the worker, False -> True only
-        self.returned: Optional[tuple] = None  # the worker's (ok, value), read on the loop after delivery
+        self.returned: Optional[tuple] = None  # the worker's (ok, value), kept even if the future was cancelled
         # The rest is only touched on the loop's thread: no locks needed.
         self.abandoned = False
         self.counted_stuck = False
-        self.done = False  # the call has returned (or was skipped)
-        self.outcome: Optional[tuple] = None  # (ok, value), kept even when the future was cancelled
+        self.done = False  # the call has returned (or was skipped) and been handed back
         self._callbacks: Optional[List[Callable[[], Any]]] = None
 
     def add_done_callback(self, callback: Callable[[], Any]) -> None:
@@ -106,10 +96,10 @@ class Job:
         self.add_done_callback(resolve)
         return returned
 
-    def _finish(self, ok: bool, value: Any) -> None:
+    def _finish(self) -> None:
         self.done = True
-        self.outcome = (ok, value)
         self.pool._inflight -= 1
+        ok, value = self.returned  # type: ignore[misc]
         fut = self.future
         if not fut.done():
             if ok:
@@ -117,17 +107,10 @@ class Job:
             elif isinstance(value, asyncio.CancelledError):  # skipped: nobody wants a result
                 fut.cancel()
             else:
-                fut.set_exception(value)  # one a future accepts: see deliverable
+                fut.set_exception(value)  # one a future accepts: see _work
         callbacks, self._callbacks = self._callbacks, None
         for callback in callbacks or ():
             callback()
-
-
-def deliverable(exc: BaseException) -> BaseException:
-    """``exc`` as a future can carry it: StopIteration and non-Exception ones wrapped."""
-    if isinstance(exc, StopIteration) or not isinstance(exc, Exception):
-        return EnvironmentCallError(exc)
-    return exc
 
 
 _WAKE = (1).to_bytes(8, sys.byteorder)  # an eventfd takes an 8-byte count; a pipe takes any bytes
@@ -137,13 +120,10 @@ def _wake_fds() -> Optional[Tuple[int, int]]:
     """A non-blocking (read, write) pair of file descriptors: one eventfd on Linux, else a pipe."""
     if os.name != "posix":
         return None
-    eventfd = getattr(os, "eventfd", None)
-    if eventfd is not None:
-        try:
-            fd = eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    if hasattr(os, "eventfd"):
+        with contextlib.suppress(OSError):
+            fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
             return fd, fd
-        except OSError:
-            pass
     try:
         read_fd, write_fd = os.pipe()
     except OSError:
@@ -211,7 +191,7 @@ class _Delivery:
             job = finished.popleft()
             self.pending -= 1
             try:
-                job._finish(*job.returned)  # type: ignore[misc]
+                job._finish()
             except Exception:  # a done-callback failed; the other calls still get their results
                 logger.exception("delivering a worker result failed")
         if self.closing and self.pending <= 0:
@@ -220,9 +200,6 @@ class _Delivery:
     def retire(self) -> None:
         """Close the wake-up fds once every call in flight has been handed back."""
         loop = self.loop
-        if loop.is_closed():
-            self.close()
-            return
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
@@ -233,25 +210,22 @@ class _Delivery:
             except RuntimeError:  # closed meanwhile
                 self.close()
             return
-        # On the loop, or the loop is stopped (nothing selects on the fd meanwhile).
+        # On the loop, or the loop is stopped or closed (nothing selects on the fd meanwhile).
         self.closing = True
-        if self.pending <= 0:
+        if self.pending <= 0 or loop.is_closed():
             self.close()
 
     def close(self) -> None:
-        """Stop watching and close the fds (on the loop's thread, or after the loop closed).
-
-        Later results arrive through ``call_soon_threadsafe``, if the loop still runs."""
+        """Stop watching and close the fds (on the loop's thread, or after the loop closed); later
+        results arrive through ``call_soon_threadsafe``, if the loop still runs."""
         with self._lock:
             read_fd, write_fd = self._read_fd, self._write_fd
             self._read_fd = self._write_fd = -1
         if read_fd < 0:
             return
         if not self.loop.is_closed():
-            try:
+            with contextlib.suppress(Exception):  # the loop is shutting down
                 self.loop.remove_reader(read_fd)
-            except Exception:  # the loop is shutting down
-                pass
         for fd in {read_fd, write_fd}:
             os.close(fd)
 
@@ -260,12 +234,9 @@ def _batch_policy() -> None:
     """Run the calling thread under SCHED_BATCH where the OS offers it (see the module's text)."""
     if not hasattr(os, "SCHED_BATCH"):
         return
-    try:
-        if os.sched_getscheduler(0) != os.SCHED_OTHER:  # a policy someone chose (realtime, idle): keep it
-            return
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    except OSError:  # not allowed here (a seccomp profile, say): the default policy serves too
-        pass
+    with contextlib.suppress(OSError):  # not allowed here (a seccomp profile, say): the default serves too
+        if os.sched_getscheduler(0) == os.SCHED_OTHER:  # a policy someone chose (realtime, idle) is kept
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
 
 
 class WorkerPool:
@@ -290,37 +261,30 @@ class WorkerPool:
         self.batch = batch
         self.name = f"{name}-{next(_pool_ids)}"
         self._queue: queue.SimpleQueue[Optional[Job]] = queue.SimpleQueue()
-        self._lock = threading.Lock()  # guards _threads
-        self._threads = 0
+        self._lock = threading.Lock()  # guards threads and stuck
+        self.threads = 0
+        """Worker threads alive (read-only outside the pool)."""
+        self.stuck = 0
+        """Workers still busy with calls whose callers gave up on them (read-only outside the pool)."""
         self._inflight = 0  # submitted and not finished (loop thread only)
-        self._stuck = 0
-        self._spawned = 0
+        self._numbers = itertools.count(1)
         self._closed = False
         self._deliveries: Dict[int, _Delivery] = {}
-
-    @property
-    def threads(self) -> int:
-        return self._threads
-
-    @property
-    def stuck(self) -> int:
-        """Workers still busy with calls whose callers gave up on them."""
-        return self._stuck
 
     @property
     def exhausted(self) -> bool:
         """Every thread the pool may have is stuck in an abandoned call: a new call waits until
         one of those returns."""
-        return self._stuck >= self.max_workers + self.max_stuck
+        return self.stuck >= self.max_workers + self.max_stuck
 
     @property
     def backlog(self) -> int:
         """Calls submitted and neither finished nor stuck (running, or waiting in the queue,
         including ones given up on before they started, which are skipped when reached)."""
-        return max(0, self._inflight - self._stuck)
+        return max(0, self._inflight - self.stuck)
 
     def _allowed(self) -> int:  # under self._lock, or on the loop for a heuristic read
-        return self.max_workers + min(self._stuck, self.max_stuck)
+        return self.max_workers + min(self.stuck, self.max_stuck)
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Job:
         """Queue ``fn(*args)``; its outcome arrives on ``job.future``, on the calling loop."""
@@ -333,7 +297,7 @@ class WorkerPool:
         self._inflight += 1
         self._queue.put(job)
         # Another worker when the calls in flight outnumber the workers, within the bound.
-        if self._inflight > self._threads and self._threads < self._allowed():
+        if self._inflight > self.threads and self.threads < self._allowed():
             self._spawn()
         return job
 
@@ -349,11 +313,10 @@ class WorkerPool:
 
     def _spawn(self) -> None:
         with self._lock:
-            if self._threads >= self._allowed():
+            if self.threads >= self._allowed():
                 return
-            self._threads += 1
-            self._spawned += 1
-            number = self._spawned
+            self.threads += 1
+            number = next(self._numbers)
         threading.Thread(target=self._work, name=f"{self.name}-{number}", daemon=True).start()
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -378,26 +341,21 @@ class WorkerPool:
             stuck = started and job.returned is None
             if stuck:
                 job.counted_stuck = True
-                self._stuck += 1
-        if stuck and self._inflight > self._threads:
+                self.stuck += 1
+        if stuck and self._inflight > self.threads:
             self._spawn()
         return started
 
     def _work(self) -> None:
         if self.batch:
             _batch_policy()
-        if not self._serve_queue():  # retired: its place was already given up
-            return
-        with self._lock:
-            self._threads -= 1
-
-    def _serve_queue(self) -> bool:
-        """Run calls until the pool stops (True) or this thread retires (False)."""
         get = self._queue.get
         while True:
             job = get()
-            if job is None:
-                return True
+            if job is None:  # the pool shuts down
+                with self._lock:
+                    self.threads -= 1
+                return
             # This thread writes `started`, then `returned`, each before it reads `abandoned`;
             # abandon() writes `abandoned` before it reads them. So a call given up on before it
             # starts is skipped or counted stuck (or both), and one given up on while it runs is
@@ -409,28 +367,31 @@ class WorkerPool:
                 try:
                     outcome = (True, job.fn(*job.args))
                 except BaseException as exc:  # delivered to the awaiting coroutine
-                    outcome = (False, deliverable(exc))
+                    # A future refuses StopIteration, and SystemExit re-raised in a task stops the loop.
+                    if isinstance(exc, StopIteration) or not isinstance(exc, Exception):
+                        exc = EnvironmentCallError(exc)
+                    outcome = (False, exc)
             job.returned = outcome
             retire = False
             if job.abandoned:
                 with self._lock:
                     if job.counted_stuck:
-                        self._stuck -= 1
+                        self.stuck -= 1
                     # A replacement may have taken this thread's place while it was stuck: if so,
                     # retire. A pool of one thread thereby stays one thread (which
                     # REQUIRES_SINGLE_THREAD_EXECUTOR relies on, with max_stuck=0).
-                    retire = self._threads > self._allowed()
+                    retire = self.threads > self._allowed()
                     if retire:
-                        self._threads -= 1
+                        self.threads -= 1
             job.delivery.push(job)
-            del job, outcome
-            if retire:
-                return False
+            del job, outcome  # hold no result while waiting for the next call
+            if retire:  # its place was given up above
+                return
 
     def shutdown(self) -> None:
         """Stop idle workers; busy ones exit when their call returns."""
         self._closed = True
-        for _ in range(self._threads):
+        for _ in range(self.threads):
             self._queue.put(None)
         for delivery in list(self._deliveries.values()):
             delivery.retire()

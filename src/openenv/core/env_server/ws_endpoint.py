@@ -1,17 +1,17 @@
 """The ``/ws`` session protocol: one socket, one session, one environment instance.
 
-Frames are JSON objects ``{"type": ..., "data": ...}``; see the spec's section 4. A bad frame of
-any kind (not JSON, not an object, binary, too large, unknown type, invalid action) is answered
-with an error frame and the connection keeps working. A client that goes away during a long step
-is noticed within ``WATCH_AFTER_S`` (see :class:`ConnectionWatch`): the step is cancelled (a sync
-step finishes in its worker and its environment is closed afterwards) and the session's slot is
-freed.
+Frames are JSON objects ``{"type": ..., "data": ...}`` (the spec's section 4). A bad frame of any
+kind (not JSON, not an object, binary, too large, unknown type, invalid action) gets an error frame
+and the connection goes on. A client leaving during a long step is noticed within
+``WATCH_AFTER_S`` (:class:`ConnectionWatch`): the step is cancelled (a sync one finishes in its
+worker, then its environment is closed) and the session's slot is freed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import json
 import logging
@@ -43,9 +43,8 @@ PIPELINE_DEPTH = 16
 """Frames a watcher reads ahead while a step runs; beyond that TCP backpressure applies."""
 
 PIPELINE_MAX_CHARS = 1024 * 1024
-"""Characters a watcher reads ahead while a step runs: once the frames it holds reach this, it
-stops reading (so a connection holds at most this plus one frame of up to the message limit,
-rather than ``PIPELINE_DEPTH`` frames of that size)."""
+"""Characters a watcher reads ahead while a step runs: a connection holds at most this plus one
+frame of up to the message limit (not ``PIPELINE_DEPTH`` frames of that size)."""
 
 WATCH_AFTER_S = 0.05
 """A step running longer than this gets a watcher that notices the client leaving."""
@@ -55,9 +54,7 @@ _RESET_CHECKED = ("seed", "episode_id")
 
 
 def error_frame(code: WSErrorCode, message: str, **extra: Any) -> str:
-    data: Dict[str, Any] = {"message": message, "code": code.value}
-    data.update(extra)
-    return dumps_json({"type": "error", "data": data})
+    return dumps_json({"type": "error", "data": {"message": message, "code": code.value, **extra}})
 
 
 def _validation_frame(exc: pydantic.ValidationError) -> str:
@@ -77,6 +74,11 @@ def error_frame_of(exc: BaseException, what: str, fallback: WSErrorCode = WSErro
     return error_frame(fallback, message, exception=shown_errors.exception_name(exc))
 
 
+_BINARY = error_frame(
+    WSErrorCode.UNSUPPORTED_FRAME, "Binary frames are not supported: send each message as a JSON text frame"
+)
+
+
 def _envelope_error(model: type, message: Any) -> str:
     """Validate a malformed envelope against its model to report pydantic's own errors."""
     try:
@@ -86,19 +88,13 @@ def _envelope_error(model: type, message: Any) -> str:
     return error_frame(WSErrorCode.VALIDATION_ERROR, "Invalid message")
 
 
-class _Close:
-    pass
-
-
-CLOSE = _Close()
+CLOSE = object()  # handle_text's reply to a close message
 
 
 class ConnectionWatch:
-    """Starts watchers for connections whose current step has run past ``WATCH_AFTER_S``.
-
-    One sweeper task per server wakes every ``WATCH_AFTER_S`` while connections exist, so a step
-    costs two attribute writes rather than a task of its own.
-    """
+    """Starts watchers for connections whose current step has run past ``WATCH_AFTER_S``: one
+    sweeper task per server wakes every ``WATCH_AFTER_S`` while connections exist, so a step costs
+    two attribute writes rather than a task of its own."""
 
     def __init__(self) -> None:
         self._connections: Set[WSConnection] = set()
@@ -202,26 +198,21 @@ class WSConnection:
         """Send the close frame (the server closes the connection)."""
         if self.state is not ConnectionState.GONE:
             self._move(ConnectionState.CLOSING)
-        try:
+        with contextlib.suppress(Exception):
             await self.send({"type": "websocket.close", "code": code})
-        except Exception:
-            pass
 
     async def run(self) -> None:
         try:
-            await self._run()
+            if (await self.receive())["type"] == "websocket.connect":
+                await self.send({"type": "websocket.accept"})
+                self.session = await self._open_session()
+                if self.session is not None:
+                    self._move(ConnectionState.OPEN)
+                    await self._serve()
         finally:
             self._move(ConnectionState.CLOSED)
 
-    async def _run(self) -> None:
-        if (await self.receive())["type"] != "websocket.connect":
-            return
-        await self.send({"type": "websocket.accept"})
-        session = await self._open_session()
-        if session is None:
-            return
-        self.session = session
-        self._move(ConnectionState.OPEN)
+    async def _serve(self) -> None:
         self._task = asyncio.current_task()
         watch = self.context.watch
         watch.register(self)
@@ -244,11 +235,8 @@ class WSConnection:
             await self.manager.detach(session)
 
     # --- noticing a client that leaves while a long step runs ---------------------------------
-    #
-    # Frames are read by this connection's task itself, between steps. While a step runs nobody
-    # reads, so a client that disconnects would go unnoticed until the step ends; the server's
-    # ConnectionWatch therefore starts a watcher task for any step running past WATCH_AFTER_S. The
-    # watcher reads on this task's behalf: frames go to the backlog, a disconnect cancels the step.
+    # This task reads frames between steps; while a step runs past WATCH_AFTER_S, a watcher task
+    # (started by ConnectionWatch) reads for it: frames go to the backlog, a disconnect cancels the step.
 
     def start_watcher(self) -> None:
         if self._watcher is None and self.state is ConnectionState.OPEN:
@@ -267,8 +255,6 @@ class WSConnection:
                 backlog.append(message)
             else:
                 return  # backlog full: leave the rest in the socket (backpressure)
-        except asyncio.CancelledError:
-            raise
         except Exception:  # the transport failed: same as a disconnect
             pass
         self._gone()
@@ -282,14 +268,17 @@ class WSConnection:
             await asyncio.gather(watcher, return_exceptions=True)
 
     def _admit(self, message: Dict[str, Any]) -> Dict[str, Any]:
-        """The message as kept until it is handled: too large a text, or any binary payload
-        (only ever answered with an error), is not kept around."""
+        """The message as kept until it is handled: too large a text, or any binary payload, is
+        kept as the ``reply`` (an error frame) it gets."""
         text = message.get("text")
-        if text is None:
-            return {"type": message["type"]} if message.get("bytes") else message
-        if len(text) > self.max_chars:
-            return {"type": "websocket.receive", "oversize": len(text)}
-        return message
+        if text is not None:
+            if len(text) <= self.max_chars:
+                return message
+            too_large = MessageTooLargeError(len(text), self.max_chars, "characters")
+            return {"type": "websocket.receive", "reply": error_frame_of(too_large, "")}
+        if message["type"] == "websocket.disconnect":
+            return message
+        return {"type": "websocket.receive", "reply": _BINARY}
 
     async def _open_session(self) -> Optional[Session]:
         query = urllib.parse.parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
@@ -299,13 +288,10 @@ class WSConnection:
                 return self.manager.attach(session_id)
             return await self.manager.create(SessionKind.SOCKET)
         except Exception as exc:
-            kind = kind_of(exc)
             frame = error_frame_of(exc, "could not open a session", fallback=WSErrorCode.SESSION_ERROR)
-            close_code = kind.close_code
-        try:
+            close_code = kind_of(exc).close_code
+        with contextlib.suppress(Exception):
             await self.send({"type": "websocket.send", "text": frame})
-        except Exception:
-            pass
         await self._close(close_code)
         return None
 
@@ -328,15 +314,7 @@ class WSConnection:
             text = message.get("text")
             self.busy_since = loop.time()
             try:
-                if text is not None:
-                    reply: Any = await self.handle_text(text)
-                elif "oversize" in message:
-                    reply = self._too_large(message["oversize"])
-                else:
-                    reply = error_frame(
-                        WSErrorCode.UNSUPPORTED_FRAME,
-                        "Binary frames are not supported: send each message as a JSON text frame",
-                    )
+                reply = await self.handle_text(text) if text is not None else message["reply"]
             finally:
                 self.busy_since = None
             if self._watcher is not None:
@@ -360,13 +338,8 @@ class WSConnection:
                 await self._close(1008)
                 return
 
-    def _too_large(self, size: int) -> str:
-        return error_frame_of(MessageTooLargeError(size, self.max_chars, "characters"), "")
-
     async def handle_text(self, text: str) -> Any:
-        """The reply to one text frame (or CLOSE)."""
-        if len(text) > self.max_chars:
-            return self._too_large(len(text))
+        """The reply to one text frame of at most the message limit (or CLOSE)."""
         try:
             message = parse_json(text)
         except ValueError as exc:
@@ -384,14 +357,10 @@ class WSConnection:
                 return observation_message_json(observation)
             if kind == "reset":
                 return await self._reset(message)
-            if kind == "state":
+            if kind == "state" or kind == "close":
                 if message.keys() != _BARE_KEYS:
                     return _envelope_error(WSStateMessage, message)
-                return await self._state()
-            if kind == "close":
-                if message.keys() != _BARE_KEYS:
-                    return _envelope_error(WSStateMessage, message)
-                return CLOSE
+                return await self._state() if kind == "state" else CLOSE
             if kind == "mcp":
                 return await self._mcp(message)
         except Exception as exc:

@@ -1,9 +1,7 @@
-"""WebSocket text frames built and read without websockets' frame machinery, for the common case.
-
-A request/response client's messages are small text frames, each arriving whole in one read. For
-those, building the server's answer frame (unmasked, unfragmented) and reading the client's
-(masked, unfragmented) directly costs a fraction of the general parser's work. Anything else is
-left to websockets' own parser: these functions answer None for it.
+"""WebSocket frames built and read without websockets' frame machinery, for the common case: a
+request/response client's messages are small text frames, each arriving whole in one read, and
+reading them (masked, unfragmented) and framing the answers (unmasked) directly costs a fraction of
+the general parser's work. Anything else is left to websockets' parser: these answer None for it.
 """
 
 from __future__ import annotations
@@ -58,10 +56,9 @@ def text_frame(text: str) -> bytes:
 
 
 def client_text(data: bytes, max_chars: int, max_bytes: Optional[int] = None) -> Optional[str]:
-    """The text of ``data`` when it is exactly one complete, unfragmented, masked client text
-    frame of at most ``max_chars`` characters (and ``max_bytes`` bytes of payload, websockets'
-    ``max_size``); else None (websockets' parser reads it then). Read it only where
-    the WebSocket parser is between frames (see :mod:`._compat.uvicorn`)."""
+    """The text of ``data`` when it is exactly one whole, unfragmented, masked client text frame of
+    at most ``max_chars`` characters (and ``max_bytes`` bytes of payload, websockets' ``max_size``),
+    else None. Only for where websockets' parser is between frames (see :mod:`._compat.uvicorn`)."""
     size = len(data)
     if size < 6 or data[0] != _TEXT_FIN or not data[1] & 0x80:
         return None

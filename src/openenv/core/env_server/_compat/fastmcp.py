@@ -1,26 +1,24 @@
 """Everything that relies on FastMCP's internals: calling its function tools directly.
 
-``FastMCP.call_tool`` runs every call through provider lookup, middleware and context set-up,
-and runs sync tools through AnyIO's thread pool: about 200 µs a call. For a plain function tool
-the same result comes from three steps: validate the arguments against the function's signature,
-call the function (sync ones in OpenEnv's worker pool, so the event loop never blocks, unless the
-tool was declared ``run_in_thread=False``), and let the tool convert the return value
-(``tool.convert_result``, FastMCP's own conversion).
+``FastMCP.call_tool`` runs every call through provider lookup, middleware and context set-up, and
+runs sync tools through AnyIO's thread pool: about 200 µs a call. For a plain function tool the
+same result comes from validating the arguments against the function's signature, calling it
+(sync ones in OpenEnv's worker pool, so the event loop never blocks, unless declared
+``run_in_thread=False``), and letting the tool convert the return value (``tool.convert_result``).
 
-The direct path is taken only when it is equivalent: the server has no transforms, no other
-providers, no middleware beyond FastMCP's built-in schema dereferencing and lax input validation;
-the tool is a ``FunctionTool`` without injected parameters (``Context`` and the like), per-tool
-timeout or background-task support. Anything else goes through ``FastMCP.call_tool``.
+That is done only where it is equivalent: the server has no transforms, no other providers, no
+middleware but FastMCP's built-in schema dereferencing, and lax input validation; the tool is a
+``FunctionTool`` without injected parameters (``Context`` and the like), per-tool timeout or
+background-task support. Anything else goes through ``FastMCP.call_tool``.
 
 What it relies on, besides FastMCP's public API: the server's ``local_provider`` (or
 ``_local_provider``) and its ``_components`` dict, ``_transforms``, ``providers``,
-``strict_input_validation`` and ``middleware`` (to tell that nothing stands between a call and the
-function), ``_mask_error_details``, and the wording and ``x-fastmcp-wrap-result`` shape of its
-results and errors (checked against ``convert_result`` for the first value of each type). It is
-used only on the FastMCP majors CI tests (:data:`TESTED_MAJORS`) with ``OPENENV_LIBRARY_INTERNALS``
-not ``0`` (:func:`tested`); elsewhere every server tool call goes through ``FastMCP.call_tool``
-(about 200 µs more a call). Tools declared for one server mode (``MCPEnvironment.tool(mode=...)``)
-are called directly either way: that needs only public attributes of ``FunctionTool``.
+``strict_input_validation``, ``middleware`` and ``_mask_error_details``, and the wording and
+``x-fastmcp-wrap-result`` shape of its results and errors (checked against ``convert_result`` for
+the first value of each type). Used only on the FastMCP majors in :data:`TESTED_MAJORS` with
+``OPENENV_LIBRARY_INTERNALS`` not ``0`` (:func:`tested`). Tools declared for one server mode
+(``MCPEnvironment.tool(mode=...)``) are called directly either way: that needs only public
+attributes of ``FunctionTool``.
 """
 
 from __future__ import annotations
@@ -70,9 +68,7 @@ _TESTED = tested()
 
 def masks_error_details(server: Any) -> bool:
     """The server's ``mask_error_details`` (True, the safer guess, where it cannot be read)."""
-    if not _TESTED:
-        return True
-    return getattr(server, "_mask_error_details", False) is True
+    return not _TESTED or getattr(server, "_mask_error_details", False) is True
 
 
 class ToolBodyError(Exception):
@@ -132,17 +128,12 @@ def tool_result_payload(result: Any) -> Dict[str, Any]:
     content = [item.model_dump(mode="json", by_alias=True, exclude_none=True) for item in result.content or ()]
     structured = getattr(result, "structured_content", None)
     meta = getattr(result, "meta", None)
-    data: Any = None
-    if isinstance(structured, dict):
-        wrapped = isinstance(meta, dict) and (meta.get("fastmcp") or {}).get("wrap_result")
-        data = structured.get("result") if wrapped else structured
-    elif structured is not None:
-        data = structured
+    wrapped = isinstance(structured, dict) and isinstance(meta, dict) and (meta.get("fastmcp") or {}).get("wrap_result")
     return {
         "content": content,
         "structured_content": structured,
         "meta": meta,
-        "data": data,
+        "data": structured.get("result") if wrapped else structured,
         "is_error": bool(getattr(result, "is_error", False)),
     }
 
@@ -212,11 +203,8 @@ class DirectTool:
         return set(params) == declared  # anything else is injected by FastMCP
 
     async def call(self, arguments: Dict[str, Any], run_sync: Callable[..., Awaitable[Any]]) -> Any:
-        """What the tool function returns; sync tools run through ``run_sync(fn, arg)``.
-
-        Raises ``pydantic.ValidationError`` for bad arguments and :class:`ToolBodyError` when the
-        tool itself fails.
-        """
+        """What the tool function returns; sync tools run through ``run_sync(fn, arg)``. Raises
+        ``pydantic.ValidationError`` for bad arguments, :class:`ToolBodyError` when the tool fails."""
         if self.is_async:
             return await self.validate_and_call(arguments)
         if self.inline:
@@ -225,10 +213,8 @@ class DirectTool:
 
     def payload(self, value: Any) -> Dict[str, Any]:
         """The result payload of a returned value, as FastMCP's ``convert_result`` would make it.
-
-        For plain JSON values it is built directly: the first value of each type is converted
-        both ways and the direct way is used only if the two agree.
-        """
+        Plain JSON values are converted directly where the first value of their type, converted
+        both ways, came out the same."""
         kind = type(value)
         agrees = self.verified.get(kind)
         if agrees is None:
@@ -266,25 +252,21 @@ class DirectTools:
                 pass
         return index
 
-    def _provider(self) -> Any:
-        return getattr(self.server, "local_provider", None) or getattr(self.server, "_local_provider", None)
-
     def _eligible_key(self) -> Any:
         """A cheap fingerprint of the registry, or None when the server needs its full call path."""
         if not _TESTED:
             return None
         server = self.server
-        provider = self._provider()
+        provider = getattr(server, "local_provider", None) or getattr(server, "_local_provider", None)
         components = getattr(provider, "_components", None)
         if (
             not isinstance(components, dict)
             or getattr(server, "_transforms", True)
             or getattr(provider, "_transforms", True)
+            or len(getattr(server, "providers", ())) != 1
+            or getattr(server, "strict_input_validation", False)
+            or any(type(m).__name__ not in _BENIGN_MIDDLEWARE for m in getattr(server, "middleware", ()) or ())
         ):
-            return None
-        if len(getattr(server, "providers", ())) != 1 or getattr(server, "strict_input_validation", False):
-            return None
-        if any(type(m).__name__ not in _BENIGN_MIDDLEWARE for m in getattr(server, "middleware", ()) or ()):
             return None
         return (id(components), len(components))
 

@@ -1,92 +1,72 @@
-"""Everything that relies on uvicorn's internals: its sans-I/O WebSocket protocol, subclassed
-(:class:`OpenEnvWebSocketProtocol`), and a guard in front of its HTTP protocol
-(:func:`guard_http`). Both are used only where :func:`tested` holds: a uvicorn release in
-:data:`TESTED_UVICORN` and a websockets major in :data:`._compat.websockets.TESTED_MAJORS`, with
-``OPENENV_LIBRARY_INTERNALS`` not ``0``. Elsewhere the runner serves with uvicorn's own protocols
-and public options only: the frame limit is then websockets' ``max_size`` (a larger message closes
-the connection with 1009 instead of an error frame), and the per-client connection cap, the header
-timeout, the budget of bytes in flight for WebSocket frames and the bound on unread bytes do not
-apply.
+"""Everything that relies on uvicorn's internals: a subclass of its sans-I/O WebSocket protocol
+(:class:`OpenEnvWebSocketProtocol`) and a guard in front of its HTTP protocol (:func:`guard_http`),
+used only where :func:`tested` (for the guard, :func:`guard_tested`) holds: a uvicorn in
+:data:`TESTED_UVICORN`, a websockets in :data:`TESTED_WEBSOCKETS`, and ``OPENENV_LIBRARY_INTERNALS``
+not ``0``. Elsewhere the runner serves with uvicorn's own protocols and public options: a message
+past the frame limit (websockets' ``max_size``) then closes the connection with 1009 instead of
+getting an error frame, and the per-client connection cap, the header timeout, the budget of bytes
+in flight for WebSocket frames and the bound on unread bytes do not apply.
 
 What it relies on, besides uvicorn's public options:
 
 * of ``WebSocketsSansIOProtocol``: ``data_received`` passing bytes to ``conn.receive_data`` and
   then handling events; ``send_receive_event_to_app`` queueing a message on ``queue`` (from
   ``frames``) and pausing reading (``read_paused``, ``transport.pause_reading``), and ``receive``
-  resuming it once the queue is empty;
-  ``handshake_initiated``, ``handshake_complete``, ``initial_response``, ``close_sent``,
-  ``disconnected``, ``writable``, ``frames``, ``handle_ping``, ``handle_parser_exception``,
-  ``connection_lost``;
+  resuming it once the queue is empty; ``handshake_initiated``, ``handshake_complete``,
+  ``initial_response``, ``close_sent``, ``disconnected``, ``writable``, ``handle_ping``,
+  ``handle_parser_exception``, ``connection_lost``;
 * of websockets' sans-I/O ``ServerProtocol`` (``conn``): ``extensions``, ``state``, ``fail``,
   ``close_sent``, ``parser_exc``, ``max_message_size``, and that ``receive_data`` parses all it
   is given before it returns;
-* of uvicorn's server, for the guard: the three points of its section below.
+* of uvicorn's server, for the guard (``tests/security/test_hostile_clients.py`` checks these
+  against the installed release): ``Config(http=...)`` accepts a callable, called with ``config``,
+  ``server_state``, ``app_state`` and ``_loop`` for each connection, that returns its
+  ``asyncio.Protocol``; an upgrade to WebSocket replaces the protocol with
+  ``transport.set_protocol(...)`` inside ``data_received``; the task running the app for a request
+  is created inside ``data_received`` with ``loop.create_task``, so it inherits the context
+  variables set around that call (uvicorn's opt-in ``reset_contextvars`` breaks this: the runner
+  does not guard then).
 
-**The WebSocket protocol.** uvicorn's sans-I/O WebSocket protocol with a small read-ahead window.
+**The WebSocket protocol** reads a read holding exactly one whole small text frame (under
+:data:`PLAIN_MAX_BYTES`, no compression) itself, and writes answers with a frame header of its own
+(:meth:`~OpenEnvWebSocketProtocol.send_text_now`), sparing websockets' frame machinery and the ASGI
+send's coroutine: ``make bench`` measured 1.4-2x the server CPU per step without that. Reading
+pauses after each message until the app takes it, as in uvicorn's own. It bounds what a client
+may make the server hold (:mod:`.limits`): following the client's frames by their headers, it
+refuses a frame declared larger than the message limit before any of it is buffered (an
+uncompressed, unfragmented one gets a ``MESSAGE_TOO_LARGE`` error frame and is skipped, the
+connection staying open; any other gets the error frame, then websockets' close code 1009, since
+skipping it would break the compression context or the message under way); it draws each large
+frame's declared size, and each large inflated message's size, from the server's budget of bytes
+in flight until the app has taken the message (once spent: a ``SERVER_BUSY`` error frame and close
+code 1013); and it drops a client that leaves more than ``max_unsent`` bytes unread (a ping flood
+whose pongs it never reads).
 
-For plain (uncompressed) connections it reads a read that holds exactly one whole small text
-frame (under :data:`PLAIN_MAX_BYTES`) itself, and writes an answer with its own frame header
-(:meth:`OpenEnvWebSocketProtocol.send_text_now`), sparing websockets' frame machinery and the ASGI
-send's coroutine: ``make bench`` measured that as 1.4-2x the server CPU per step without it.
-Reading pauses after each message until the app takes it, as uvicorn's own protocol does (a
-read-ahead window of four messages measured no better than the noise, and was dropped).
-
-It enforces the server's limits on what a client may make it hold (see :mod:`.limits`; the
-runner binds them with :meth:`OpenEnvWebSocketProtocol.bound`): following the client's frames by
-their headers (:func:`.ws_frames.frame_header`), it refuses a frame declared larger than the
-message limit before any of it is buffered (an uncompressed, unfragmented one is answered with a
-``MESSAGE_TOO_LARGE`` error frame and skipped, the connection staying open; any other, once the
-error frame is out, is refused by websockets with close code 1009, since skipping it would break
-the compression context or the message under way), draws each large frame's declared size, and
-each large inflated message's size, from the server's budget of bytes in flight until the app
-has taken the message (a client that finds the budget spent gets a ``SERVER_BUSY`` error frame
-and close code 1013), and drops a client that keeps the server from writing more than
-``max_unsent`` bytes it has not read (a ping flood whose pongs it never reads).
-
-The runners in :mod:`openenv.core.env_server.runner` use it unless told otherwise
-(``ws="websockets-sansio"`` restores uvicorn's behaviour).
-
-**The connection guard.** Bounds on connections that uvicorn's public options do not give: a time limit on getting a
-request under way, and a cap on connections per client address.
-
-uvicorn has a keep-alive timeout between requests, but none while a request head (or a WebSocket
-handshake) is still arriving, so a client that sends a byte now and then holds its connection
-(and a file descriptor) for ever; and its ``limit_concurrency`` is server-wide and only answers
-once a request head is complete. :func:`guard_http` wraps uvicorn's HTTP protocol in
-:class:`GuardedConnection`, which
-
-* refuses a connection, with a ``503`` and ``connection: close``, when its client address has
-  ``max_connections_per_client`` open already; loopback and Unix-socket peers count as one
-  address, ``local``, with a cap of its own (``max_local``, none by default: they are the
-  trainer's own rollouts, and whatever a forwarder in front relays, which it must bound itself);
-* closes a connection that spends ``header_timeout_s`` without a request under way: from being
-  accepted to its first request reaching the app, and from the end of each HTTP request to the
-  next (a WebSocket's request lasts as long as the socket).
-
-It relies on three things uvicorn does today, checked by the tests of
-``tests/security/test_hostile_clients.py`` against the installed release:
-
-1. ``Config(http=...)`` accepts a callable that is called with ``config``, ``server_state``,
-   ``app_state`` and ``_loop`` for each connection, and returns its ``asyncio.Protocol``;
-2. an upgrade to WebSocket replaces the protocol with ``transport.set_protocol(...)`` inside
-   ``data_received`` (the guard then puts itself back in front, delegating to the new protocol);
-3. the task running the app for a request is created inside ``data_received`` with
-   ``loop.create_task`` and thus inherits the context variables set around that call (which is
-   how :class:`GuardedApp` tells the guard that a request is under way). uvicorn's opt-in
-   ``reset_contextvars`` breaks this: the runner does not guard then.
-
-
+**The connection guard** (:class:`GuardedConnection`) bounds what uvicorn's options do not: it has
+no time limit while a request head (or a handshake) arrives, so a client sending a byte now and
+then holds a connection for ever, and its ``limit_concurrency`` is server-wide and acts only once a
+head is complete. The guard refuses a connection (``503``, ``connection: close``) when its client
+address has ``max_connections_per_client`` open already (loopback and Unix-socket peers share the
+address :data:`LOCAL`, capped by ``max_local``, none by default: they are the trainer's own
+rollouts, and whatever a forwarder in front relays, which it must bound itself); and it closes a
+connection that spends ``header_timeout_s`` without a request under way (:class:`GuardedApp` tells
+it): from its accept to its first request reaching the app, and from the end of each HTTP request
+to the next (a WebSocket's request lasts as long as the socket).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import json
 import logging
+import re
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Counter, Dict, Optional, Tuple
 
+import uvicorn
+import websockets
 from websockets.protocol import State
 
 try:
@@ -99,35 +79,30 @@ from ..exceptions import MessageTooLargeError, OpenEnvError, ServerBusyError
 from ..limits import BUDGET_EXEMPT_BYTES, InFlightBudget, ServerLimits
 from ..settings import library_internals_enabled
 from ..ws_frames import client_text, frame_header, text_frame
-from . import websockets as websockets_compat
 
 logger = logging.getLogger("openenv.server")
 
 TESTED_UVICORN = ((0, 30), (1, 0))
 """uvicorn releases CI tests this module against: from the first to before the second."""
 
+TESTED_WEBSOCKETS = ((15, 0), (18, 0))
+"""websockets releases CI tests the WebSocket protocol against (it reads ``ServerProtocol``)."""
 
-def _uvicorn_tested() -> bool:
-    import uvicorn
 
-    try:
-        version = tuple(int(part) for part in uvicorn.__version__.split(".")[:2])
-    except ValueError:
-        return False
-    low, high = TESTED_UVICORN
+def _within(module: Any, releases: Tuple[Tuple[int, int], Tuple[int, int]]) -> bool:
+    version = tuple(int(part) for part in re.findall(r"\d+", str(module.__version__))[:2])
+    low, high = releases
     return low <= version < high
 
 
 def guard_tested() -> bool:
-    """Whether the connection guard may be used: a tested uvicorn, and
-    ``OPENENV_LIBRARY_INTERNALS`` not ``0``."""
-    return _uvicorn_tested() and library_internals_enabled()
+    """Whether the connection guard may be used: a tested uvicorn, ``OPENENV_LIBRARY_INTERNALS`` not 0."""
+    return _within(uvicorn, TESTED_UVICORN) and library_internals_enabled()
 
 
 def tested() -> bool:
-    """Whether the WebSocket protocol subclass may be used: a tested uvicorn with its sans-I/O
-    protocol, a tested websockets, and ``OPENENV_LIBRARY_INTERNALS`` not ``0``."""
-    return guard_tested() and WebSocketsSansIOProtocol is not object and websockets_compat.tested()
+    """Whether the protocol subclass may be used: guard_tested(), uvicorn's sans-I/O protocol, a tested websockets."""
+    return guard_tested() and WebSocketsSansIOProtocol is not object and _within(websockets, TESTED_WEBSOCKETS)
 
 
 # --- the WebSocket protocol ---------------------------------------------------------------------
@@ -145,19 +120,14 @@ def _error_frame(error: OpenEnvError) -> bytes:
 
 
 class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
-    """:class:`WebSocketsSansIOProtocol` that pauses reading only when messages pile up."""
+    """uvicorn's sans-I/O WebSocket protocol with the fast path and the limits of the module docstring."""
+
+    # The server's limits (None: not enforced here), set by bound():
+    frame_limit: Optional[int] = None  # largest frame payload accepted, in bytes (the message limit)
+    budget: Optional[InFlightBudget] = None  # the server's budget of bytes in flight
+    max_unsent: Optional[int] = None  # bytes written, not yet read by the client, past which it is dropped
 
     _plain: Optional[bool] = None  # no WebSocket extension, a websockets we know: set once accepted
-
-    # --- limits (see the module docstring); None: not enforced here --------------------------
-
-    frame_limit: Optional[int] = None
-    """Largest frame payload accepted, in bytes (the app's message limit)."""
-    budget: Optional[InFlightBudget] = None
-    """The server's budget of bytes in flight."""
-    max_unsent: Optional[int] = None
-    """Bytes written and not yet read by the client beyond which it is dropped."""
-
     _screening: Optional[bool] = None  # frames are followed by their headers (None: handshake pending)
     _tracked = False  # every frame byte since the handshake went through _screen: its state is the parser's
     _head = b""  # a frame header received in part, not yet passed on
@@ -169,17 +139,8 @@ class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
     @classmethod
     def bound(cls, limits: ServerLimits, budget: Optional[InFlightBudget]) -> type:
         """This protocol with the server's ``limits`` and ``budget`` (what to pass as uvicorn's ``ws``)."""
-        return type(
-            cls.__name__,
-            (cls,),
-            {
-                "frame_limit": limits.max_message_bytes,
-                "budget": budget,
-                "max_unsent": limits.max_unsent_bytes,
-                "__module__": cls.__module__,
-                "__qualname__": cls.__qualname__,
-            },
-        )
+        bounds = {"frame_limit": limits.max_message_bytes, "budget": budget, "max_unsent": limits.max_unsent_bytes}
+        return type(cls.__name__, (cls,), bounds)
 
     def _screen(self, data: bytes) -> Optional[bytes]:
         """What of ``data`` to parse: ``data`` less the frames refused here (None: nothing, the
@@ -227,22 +188,16 @@ class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
                 self._in_message = not fin
             pieces.append(head[:header])
             self._left = length
-        if len(pieces) == 1:
-            return pieces[0]
-        return b"".join(pieces)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def _refuse_busy(self, budget: InFlightBudget) -> None:
+        """Close the connection at once (the app sees it disconnect): the budget is spent."""
         self.transport.write(_error_frame(ServerBusyError(budget.refusal())))
-        self._fail(1013, "server busy: bytes in flight at their limit")
-
-    def _fail(self, code: int, reason: str) -> None:
-        """Close the connection with ``code`` at once (the app sees it disconnect)."""
         self._screening = self._tracked = False
         self._release_held()
-        if self.close_sent or self.transport.is_closing():
-            return
-        self.conn.fail(code, reason)
-        self.handle_parser_exception()
+        if not self.close_sent and not self.transport.is_closing():
+            self.conn.fail(1013, "server busy: bytes in flight at their limit")
+            self.handle_parser_exception()
 
     def _release_held(self) -> None:
         held, self._held = self._held, 0
@@ -295,8 +250,7 @@ class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
     # --- the common case without websockets' frame machinery ----------------------------------
 
     def _is_plain(self) -> bool:
-        """Whether messages may skip websockets' own framing: the handshake is done and no
-        extension (compression) is in use."""
+        """Whether messages may skip websockets' framing: handshake done, no extension (compression)."""
         plain = self._plain
         if plain is None:
             if not self.handshake_complete or self.initial_response is not None:
@@ -305,10 +259,9 @@ class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
         return plain
 
     def _between_frames(self) -> bool:
-        """Whether websockets' parser waits for the first byte of a frame. It parses whatever it
-        is given at once (sans-I/O), so it does when every frame byte it was given went through
-        :meth:`_screen` (:attr:`_tracked`), which passed on only whole frames and no fragmented
-        message is under way."""
+        """Whether websockets' parser waits for the first byte of a frame. It parses all it is given
+        at once (sans-I/O), so it does when every frame byte it got went through :meth:`_screen`
+        (:attr:`_tracked`), which passes on only whole frames, and no fragmented message is under way."""
         return self._tracked and not self._head and not self._left and not self._skip and not self._in_message
 
     def data_received(self, data: bytes) -> None:
@@ -326,10 +279,9 @@ class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
             if not self.handshake_initiated:
                 super().data_received(data)
                 if self.handshake_initiated:
-                    # A client sends no frame before the server's answer to its handshake (RFC
-                    # 6455, 4.1). If this read held more than the request head (or the head came
-                    # in pieces), frame bytes may have reached websockets unscreened: the frames
-                    # are not tracked then, and every message goes through websockets' parser.
+                    # A client sends no frame before the answer to its handshake (RFC 6455, 4.1). If
+                    # this read held more than the request head (or the head came in pieces), frame
+                    # bytes may have reached websockets unscreened: then every message goes its way.
                     self._tracked = data.find(b"\r\n\r\n") == len(data) - 4
                     self._screening = True
                 return
@@ -426,16 +378,24 @@ class ConnectionTable:
         self.max_per_client = max_per_client
         self.max_local = max_local
         self.header_timeout_s = header_timeout_s
-        self.open: Dict[str, int] = {}
-        self.refused = 0
-        """Connections refused for the per-client cap."""
-        self.timed_out = 0
-        """Connections closed for getting no request under way within the header timeout."""
+        self.open: Counter[str] = collections.Counter()
+        self.refused = 0  # connections refused for the per-client cap
+        self.timed_out = 0  # connections closed for getting no request under way within the header timeout
         self._logged_at = 0.0
         self._logged_count = 0
 
-    def log_refusal(self, address: str) -> None:
-        """Log refusals at most once every :data:`LOG_EVERY_S` (an attacker must not flood the log)."""
+    def cap(self, address: str) -> int:
+        """The cap on ``address``'s open connections (0: none)."""
+        return self.max_local if address == LOCAL else self.max_per_client
+
+    def admit(self, address: str) -> bool:
+        """Count a new connection from ``address`` in, or refuse it (and log that, at most once
+        every :data:`LOG_EVERY_S`: an attacker must not flood the log)."""
+        cap = self.cap(address)
+        if not cap or self.open[address] < cap:
+            self.open[address] += 1
+            return True
+        self.refused += 1
         now = time.monotonic()
         if now - self._logged_at >= LOG_EVERY_S:
             logger.warning(
@@ -443,39 +403,24 @@ class ConnectionTable:
                 "(OPENENV_MAX_CONNECTIONS_PER_CLIENT, OPENENV_MAX_LOCAL_CONNECTIONS for this machine) "
                 "was reached, last by %s",
                 self.refused - self._logged_count,
-                self.cap(address),
+                cap,
                 address,
             )
             self._logged_at, self._logged_count = now, self.refused
-
-    def cap(self, address: str) -> int:
-        """The cap on ``address``'s open connections (0: none)."""
-        return self.max_local if address == LOCAL else self.max_per_client
-
-    def admit(self, address: str) -> bool:
-        count = self.open.get(address, 0)
-        cap = self.cap(address)
-        if cap and count >= cap:
-            self.refused += 1
-            return False
-        self.open[address] = count + 1
-        return True
+        return False
 
     def leave(self, address: str) -> None:
-        count = self.open.get(address, 0) - 1
-        if count > 0:
-            self.open[address] = count
-        else:
-            self.open.pop(address, None)
+        self.open[address] -= 1
+        if self.open[address] <= 0:
+            del self.open[address]
 
 
 class GuardedConnection(asyncio.Protocol):
     """Stands in front of uvicorn's protocol for one connection (see the module docstring)."""
 
-    def __init__(self, inner: asyncio.Protocol, table: ConnectionTable, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, inner: asyncio.Protocol, table: ConnectionTable) -> None:
         self.inner: Any = inner
         self.table = table
-        self.loop = loop
         self.transport: Any = None
         self.address: Optional[str] = None
         self.requests = 0  # requests under way (reaching the app)
@@ -486,9 +431,7 @@ class GuardedConnection(asyncio.Protocol):
 
     def begin(self) -> None:
         self.requests += 1
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._disarm()
 
     def end(self) -> None:
         self.requests -= 1
@@ -498,7 +441,12 @@ class GuardedConnection(asyncio.Protocol):
     def _arm(self) -> None:
         timeout = self.table.header_timeout_s
         if timeout and self._timer is None and self.transport is not None and not self.transport.is_closing():
-            self._timer = self.loop.call_later(timeout, self._expire)
+            self._timer = asyncio.get_running_loop().call_later(timeout, self._expire)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def _expire(self) -> None:
         self._timer = None
@@ -517,8 +465,7 @@ class GuardedConnection(asyncio.Protocol):
         self.transport = transport
         address = client_address(transport)
         if not self.table.admit(address):
-            self.inner = None
-            self.table.log_refusal(address)
+            self.inner = asyncio.Protocol()  # one that does nothing, for the refused connection
             transport.write(_refusal(address, self.table.cap(address)))
             transport.close()
             return
@@ -531,12 +478,9 @@ class GuardedConnection(asyncio.Protocol):
             _CURRENT.reset(token)
 
     def data_received(self, data: bytes) -> None:
-        inner = self.inner
-        if inner is None:
-            return
         token = _CURRENT.set(self)
         try:
-            inner.data_received(data)
+            self.inner.data_received(data)
         finally:
             _CURRENT.reset(token)
         if self._upgradable:
@@ -547,33 +491,27 @@ class GuardedConnection(asyncio.Protocol):
                 self.transport.set_protocol(self)
 
     def eof_received(self) -> Optional[bool]:
-        return self.inner.eof_received() if self.inner is not None else None
+        return self.inner.eof_received()
 
     def pause_writing(self) -> None:
-        if self.inner is not None:
-            self.inner.pause_writing()
+        self.inner.pause_writing()
 
     def resume_writing(self) -> None:
-        if self.inner is not None:
-            self.inner.resume_writing()
+        self.inner.resume_writing()
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._disarm()
         if self.address is not None:
             self.table.leave(self.address)
             self.address = None
-        if self.inner is not None:
-            self.inner.connection_lost(exc)
+        self.inner.connection_lost(exc)
 
 
 def guard_http(protocol_class: Callable[..., asyncio.Protocol], table: ConnectionTable) -> Callable[..., Any]:
     """What to pass as uvicorn's ``http``: builds ``protocol_class`` for each connection, guarded."""
 
     def create(**kwargs: Any) -> GuardedConnection:
-        loop = kwargs.get("_loop") or asyncio.get_running_loop()
-        return GuardedConnection(protocol_class(**kwargs), table, loop)
+        return GuardedConnection(protocol_class(**kwargs), table)
 
     return create
 
@@ -591,8 +529,7 @@ class GuardedApp:
     async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
         guard = _CURRENT.get()
         if guard is None or scope["type"] == "lifespan":
-            await self.app(scope, receive, send)
-            return
+            return await self.app(scope, receive, send)
         guard.begin()
         try:
             await self.app(scope, receive, send)
