@@ -16,7 +16,7 @@ TORCH ?= torch==2.13.0
 # Every environment package of the catalogue (envs/<name>_env), installed editable with its dependencies.
 ENVS := $(sort $(patsubst %/pyproject.toml,%,$(wildcard envs/*_env/pyproject.toml)))
 
-.PHONY: setup demo test test-newest lint format bench interop train-blackjack clean
+.PHONY: setup demo test test-newest lint format bench interop template-interop train-blackjack clean
 
 $(DEMO_STAMP): pyproject.toml envs/echo_env/pyproject.toml
 	bash scripts/install-bubblewrap.sh
@@ -67,6 +67,9 @@ train-blackjack: $(TRAIN_STAMP)  ## CPU GRPO: a tiny LM learns blackjack through
 
 interop: setup  ## drive upstream openenv 0.10.0 with our client and ours with theirs (separate venv)
 	bash scripts/interop.sh
+
+template-interop:  ## run the tests of `openenv init`'s packages on upstream openenv 0.10.0 and on ours (downloads upstream)
+	bash scripts/template-interop.sh
 
 clean:
 	rm -rf $(VENV) .venv-newest build dist src/*.egg-info .pytest_cache .ruff_cache

@@ -3,6 +3,7 @@ POST /mcp, our clients and the official MCP SDK client."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import pickle
 
@@ -204,13 +205,30 @@ async def test_a_refused_handshake_is_not_logged_as_an_error_of_the_app() -> Non
         assert [r.getMessage() for r in records] == ["the handler sees uvicorn's errors"], ws
 
 
-async def test_a_403_that_is_not_about_a_token_stays_a_plain_connection_error() -> None:
+async def test_a_websocket_path_with_no_route_is_a_404_not_a_refused_token() -> None:
     from openenv.core.generic_client import GenericEnvClient
 
     for app, headers in ((counter_app(), None), (counter_app(auth_token=TOKEN), GOOD)):
-        with serve(app) as server:  # a WebSocket on a path with no route: 403, token or not
+        with serve(app) as server:  # a WebSocket on a path with no route: 404, token or not
             client = GenericEnvClient(base_url=server.base_url + "/nowhere", headers=headers)
             with pytest.raises(ConnectionError) as failed:
                 await client.reset()
-            assert not isinstance(failed.value, AuthenticationError) and "403" in str(failed.value)
+            assert not isinstance(failed.value, AuthenticationError) and "HTTP 404" in str(failed.value)
             await client.close()
+            with pytest.raises(InvalidStatus) as refused:
+                async with connect(_ws_url(server, "/nowhere/ws"), additional_headers=headers):
+                    pass
+            assert refused.value.response.status_code == 404
+            assert b"no WebSocket route at /nowhere/ws" in refused.value.response.body
+
+
+def test_a_refused_token_on_a_path_with_no_route_is_still_a_401() -> None:
+    with serve(counter_app(auth_token=TOKEN)) as server:  # the token is checked before the routes
+
+        async def attempt() -> int:
+            with pytest.raises(InvalidStatus) as refused:
+                async with connect(_ws_url(server, "/nowhere/ws")):
+                    pass
+            return refused.value.response.status_code
+
+        assert asyncio.run(attempt()) == 401

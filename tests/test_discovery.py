@@ -48,3 +48,41 @@ def test_two_classes_differing_only_in_case_are_ambiguous_and_not_guessed(packag
     info = info_for(package, "repl", "name: repl_env\n")
     with pytest.raises(ImportError, match="ReplEnv not found"):
         info.client_class()
+
+
+# --- what a name that finds nothing is told -------------------------------------------------------
+
+
+def _refusal(name: str) -> str:
+    from openenv import AutoEnv
+
+    with pytest.raises(ValueError) as refused:
+        AutoEnv.from_env(name)
+    return str(refused.value)
+
+
+def test_a_near_miss_gets_a_did_you_mean_for_an_installed_environment() -> None:
+    assert "did you mean 'echo'?" in _refusal("ech")
+
+
+def test_an_unknown_name_is_not_told_to_install_a_directory_that_does_not_exist() -> None:
+    text = _refusal("atari")
+    assert "envs/atari_env" not in text and "pip install -e" not in text, text
+    assert "Installed: " in text and "echo" in text and "`openenv list`" in text
+
+
+def test_a_catalogue_environment_is_suggested_by_its_real_directory(monkeypatch: pytest.MonkeyPatch) -> None:
+    from openenv.auto import discovery
+
+    installed = discovery.discover_environments()
+    monkeypatch.setattr(discovery, "discover_environments", lambda: {k: v for k, v in installed.items() if k != "maze"})
+    text = _refusal("maze")
+    directory = Path(__file__).resolve().parents[1] / "envs" / "maze_env"
+    assert f"pip install -e {directory}" in text and directory.is_dir(), text
+
+
+def test_a_hub_id_is_told_plainly_that_autoenv_has_no_hub_loader() -> None:
+    text = _refusal("meta-pytorch/echo_env")
+    assert "Hugging Face Hub id" in text and "no Hub loader" in text, text
+    assert "envs/meta_pytorch" not in text
+    assert "pip install git+https://huggingface.co/spaces/meta-pytorch/echo_env" in text

@@ -124,6 +124,25 @@ def test_mode_tools_are_offered_only_in_their_mode():
     assert env.step(CallToolAction(tool_name="peek")).error.error_type is ToolErrorType.TOOL_NOT_FOUND
 
 
+def test_a_tool_declared_in_both_modes_under_one_name_runs_the_one_of_the_current_mode():
+    class TwoModes(ToolsOnlyEnv):
+        def __init__(self) -> None:
+            super().__init__(FastMCP("two-modes"))
+
+            @self.tool(mode="production", name="source")
+            def production() -> str:
+                return "production"
+
+            @self.tool(mode="simulation", name="source")
+            def simulation() -> str:
+                return "simulation"
+
+    env = TwoModes()
+    for mode in ("production", "simulation", "production"):
+        env._mode = mode
+        assert env.step(CallToolAction(tool_name="source")).result["data"] == mode
+
+
 def test_non_mcp_actions_go_to_step_impl():
     from openenv.core.env_server.types import Action
 
@@ -587,7 +606,7 @@ async def test_tools_off_the_direct_path_are_worded_and_masked_as_fastmcp_does(m
 
     env = Masked()
     env._mode = "simulation"  # what a server in simulation mode sets
-    assert "injected" not in env._direct_mode_tools  # FastMCP runs it
+    assert env._mode_tools["simulation"]["injected"][1] is None  # FastMCP runs it
     messages = {}
     for name in ("injected", "registered", "exits", "cancels"):
         with pytest.raises(ToolCallFailed) as failed:

@@ -231,6 +231,28 @@ def test_a_client_factory_over_a_unix_socket() -> None:
     assert result.summary.completed == 3
 
 
+def test_more_sessions_than_the_server_holds_wait_for_a_free_one_and_every_episode_is_played() -> None:
+    with serve(counter_app(max_concurrent_envs=2)) as server:
+        result = rollout(server.base_url, step_by(4), 16, concurrency=8, max_steps=3)
+    failed = [episode.error for episode in result.episodes if episode.error]
+    assert failed == [] and result.summary.completed == 16, failed[:3]
+    assert all(len(episode.rewards) == 3 and episode.observations for episode in result.episodes)
+    assert len({episode.session for episode in result.episodes}) >= 2
+
+
+def test_a_server_full_of_other_sessions_fails_the_episodes_after_the_capacity_timeout() -> None:
+    with serve(counter_app(max_concurrent_envs=1)) as server:
+        holder = GenericEnvClient(base_url=server.base_url).sync()
+        with holder:
+            holder.reset()  # someone else's session holds the only slot
+            began = time.perf_counter()
+            result = rollout(server.base_url, step_by(1), 2, concurrency=2, max_steps=1, capacity_timeout_s=0.5)
+            took = time.perf_counter() - began
+    assert [e.error is not None for e in result.episodes] == [True, True]
+    assert "the server stayed full" in result.episodes[0].error and "capacity_timeout_s" in result.episodes[0].error
+    assert took < 10  # not the default minute
+
+
 @pytest.mark.skipif(find_bwrap() is None, reason="bubblewrap is not installed (apt-get install bubblewrap)")
 def test_openspiel_blackjack_in_the_sandbox_groups_share_the_deal() -> None:
     from openspiel_env import OpenSpielAction, OpenSpielEnv

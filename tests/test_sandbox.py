@@ -81,7 +81,7 @@ def test_auto_env_and_auto_action_find_the_installed_echo_env():
 
 
 def test_unknown_environment_names_list_what_is_installed():
-    with pytest.raises(ValueError, match=r"installed: .*echo"):
+    with pytest.raises(ValueError, match=r"Installed: .*echo"):
         AutoEnv.from_env("no_such_env")
 
 

@@ -9,6 +9,8 @@ place of ``openenv.cli.commands.build._docker_client``, the command's one seam t
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -122,7 +124,21 @@ def test_without_a_docker_engine_the_image_is_skipped_and_the_message_says_what_
     assert "Image skipped: no Docker engine reachable" in stderr
     assert f"The distributions are in {built.package / 'dist'}; the image openenv-echo:latest was not built" in stderr
     assert f"build it with: openenv build {built.package}" in stderr
-    assert f"docker build -t openenv-echo:latest -f server/Dockerfile {built.package}" in stderr
+    assert f"docker build -t openenv-echo:latest -f {built.package / 'server' / 'Dockerfile'} {built.package}" in stderr
+
+
+def test_the_docker_command_it_prints_names_files_that_exist_from_where_build_ran(built: Built) -> None:
+    """docker reads ``-f`` from the current directory, not from the build context."""
+    (command,) = re.findall(r"\(or: (docker build [^)]*)\)", flat(built.result.stderr))
+    args = shlex.split(command)
+    dockerfile, context = args[args.index("-f") + 1], args[-1]
+    assert (Path.cwd() / dockerfile).is_file() and (Path.cwd() / context).is_dir(), command
+
+
+def test_the_build_log_lists_what_it_installs_under_its_heading(built: Built) -> None:
+    lines = built.result.stderr.splitlines()
+    (heading,) = [i for i, line in enumerate(lines) if "Installing packages in isolated environment:" in line][:1]
+    assert lines[heading + 1].strip().startswith("- setuptools"), lines[heading : heading + 3]
 
 
 def test_a_package_without_a_dockerfile_says_the_image_was_skipped_and_how_to_add_one(
@@ -264,7 +280,7 @@ def test_no_isolation_names_the_build_requirements_this_environment_lacks(
     code, _, err = run(capsys, "build", str(package), "--no-isolation", "--no-docker")
     assert code == 1
     assert "openenv-no-such-build-tool>=1" in err
-    assert "install the missing build requirements into this environment, or build without --no-isolation" in err
+    assert "install the missing build requirements into this environment, or build without --no-build-isolation" in err
 
 
 def test_a_directory_without_openenv_yaml_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -39,6 +39,7 @@ COMMON_FILES = {
     "server/__init__.py",
     "server/app.py",
     f"server/{NAME}_environment.py",
+    "tests/conftest.py",
     f"tests/test_{NAME}.py",
 }
 EXPORTS = {
@@ -171,7 +172,10 @@ def test_the_pyproject_makes_an_installable_discoverable_package(generated):
     tomllib = pytest.importorskip("tomllib")
     project = tomllib.loads((generated.package / "pyproject.toml").read_text())
     assert project["project"]["name"] == "openenv-my-game-env"
-    assert any(dep.startswith("openenv>=") for dep in project["project"]["dependencies"])
+    dependencies = project["project"]["dependencies"]
+    # upstream OpenEnv 0.10 (PyPI) or this one: the templates use only API the two share
+    assert dependencies[0] == "openenv>=0.10"
+    assert dependencies[1:] == ([] if generated.template == "typed" else ["fastmcp>=3.3,<5"])
     dev = " ".join(project["project"]["optional-dependencies"]["dev"])
     assert "pytest>=" in dev and "pytest-asyncio>=" in dev
     assert project["project"]["scripts"] == {"server": f"{NAME}.server.app:main"}
@@ -203,6 +207,39 @@ def test_the_readme_is_a_space_card(generated):
     colors = {"red", "yellow", "green", "blue", "indigo", "purple", "pink", "gray"}
     assert card["colorFrom"] in colors and card["colorTo"] in colors
     assert "pip install -e" in text and f"{PREFIX}Env" in text
+
+
+# What the generated code may import from OpenEnv: names that upstream OpenEnv 0.10.0 (PyPI) has
+# as well, so that the package's `openenv>=0.10` holds. scripts/template-interop.sh runs the
+# generated tests on upstream 0.10.0 and on ours; a name joins this list once it passes there.
+SHARED_WITH_UPSTREAM_0_10 = {
+    "openenv.core.client_types": {"StepResult"},
+    "openenv.core.env_client": {"EnvClient"},
+    "openenv.core.env_server.http_server": {"create_app"},
+    "openenv.core.env_server.interfaces": {"Environment"},
+    "openenv.core.env_server.mcp_environment": {"MCPEnvironment"},
+    "openenv.core.env_server.mcp_types": {"CallToolAction", "CallToolObservation", "ListToolsAction"},
+    "openenv.core.env_server.types": {"Action", "EnvironmentMetadata", "Observation", "State"},
+    "openenv.core.mcp_client": {"MCPToolClient"},
+    "openenv.core.utils": {"run_async_safely"},
+}
+
+
+def test_the_generated_code_imports_only_what_upstream_0_10_has_too(generated):
+    imported = set()
+    for path in generated.package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                imported |= {(alias.name, None) for alias in node.names if alias.name.split(".")[0] == "openenv"}
+            elif (
+                isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "openenv"
+            ):
+                imported |= {(node.module, alias.name) for alias in node.names}
+    assert imported, "the generated code imports nothing from openenv"
+    unshared = sorted(
+        f"{module}.{name}" for module, name in imported if name not in SHARED_WITH_UPSTREAM_0_10.get(module, ())
+    )
+    assert not unshared, f"not known to be in upstream OpenEnv 0.10 (run scripts/template-interop.sh): {unshared}"
 
 
 def test_the_generated_code_passes_ruff_with_our_config(generated):

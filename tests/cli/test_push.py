@@ -304,6 +304,22 @@ def test_a_second_push_adds_a_commit_on_top_and_an_unchanged_one_adds_none(
     assert git("rev-parse", "main", cwd=remote) == second
 
 
+@pytest.mark.parametrize("head", ["master", "trunk"])
+def test_a_push_to_a_fresh_bare_remote_goes_to_the_branch_its_head_names_so_a_plain_clone_checks_it_out(
+    package: Path, tmp_path: Path, capsys: pytest.CaptureFixture, head: str
+) -> None:
+    bare = tmp_path / "fresh.git"
+    git("init", "-q", "--bare", f"--initial-branch={head}", str(bare))  # what `git init --bare` makes
+    code, _, err = run(capsys, "push", str(package), "--git-remote", str(bare))
+    assert code == 0, err
+    assert f"branch {head}" in err
+    clone = tmp_path / "clone"
+    git("clone", "-q", str(bare), str(clone))  # no "remote HEAD refers to nonexistent ref"
+    assert (clone / "openenv.yaml").is_file()
+    code, _, err = run(capsys, "push", str(package), "--git-remote", f"file://{bare}")  # HEAD now born: via ls-remote
+    assert code == 0 and f"Nothing to push: branch {head} of" in err
+
+
 def test_the_pushed_package_installs_with_pip_and_serves_in_a_sandbox(
     package: Path, remote: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

@@ -262,6 +262,12 @@ def test_list_shows_installed_environment_packages():
         [*OPENENV, "list"], capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"}
     )
     assert table.returncode == 0 and "echo_env.EchoEnv" in table.stdout
+    narrow = subprocess.run(
+        [*OPENENV, "list"], capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "100"}
+    )
+    assert max(len(line.rstrip()) for line in narrow.stdout.splitlines()) <= 100, narrow.stdout
+    assert not any(ch in narrow.stdout for ch in "┏┃│└━"), narrow.stdout
+    assert any(line.split()[:3] == ["echo", "0.1.0", "echo_env.EchoEnv"] for line in narrow.stdout.splitlines())
 
 
 def test_listening_beyond_this_machine_keeps_exception_texts_from_clients(monkeypatch):

@@ -121,6 +121,10 @@ def test_the_human_report_is_a_table_with_a_summary_and_progress_on_stderr(capsy
         assert id in out
     assert "19 passed, 0 failed, 0 warnings, 1 skipped: PASSED" in out
     assert "Starting dice_env in a sandbox" in err and "Stopping the server" in err
+    lines = out.splitlines()
+    assert not any(ch in out for ch in "┏┃│└━"), out  # no box to wrap badly
+    for id in RUNTIME_CHECKS:  # one check a line: its mark, its id, its detail
+        assert any(line.startswith("✓ passed") and f" {id} " in line for line in lines), id
 
 
 UNSEEDED = """\
@@ -560,7 +564,7 @@ def test_a_package_validate_serves_itself_is_not_sent_the_users_token(tmp_path, 
     )
     package = dice_copy(tmp_path, {"server/app.py": app})
     monkeypatch.setenv("OPENENV_AUTH_TOKEN", "users-own-token-0123456789abcdef")
-    code, report = validate_json(capsys, str(package), "--isolation", "none")
+    code, report = validate_json(capsys, str(package), "--no-sandbox")
     assert code == 0 and report["passed"] is True, report
 
 

@@ -8,6 +8,7 @@ point (``echo = "echo_env"``). Names are matched loosely: ``echo``, ``echo_env``
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.metadata as metadata
 import importlib.util
@@ -126,13 +127,32 @@ def discover_environments() -> Dict[str, EnvInfo]:
 
 
 def resolve_environment(name: str) -> EnvInfo:
-    """The installed environment called ``name``; ``ValueError`` listing what is installed otherwise."""
+    """The installed environment called ``name``; a ``ValueError`` that says what to do otherwise."""
     environments = discover_environments()
     info = environments.get(normalize(name))
     if info is None:
-        installed = ", ".join(sorted(environments)) or "none"
-        raise ValueError(
-            f"no installed environment package matches {name!r} (installed: {installed}); "
-            f"install one with pip (e.g. pip install -e envs/{normalize(name)}_env) or pass a path"
-        )
+        raise ValueError(_not_found(name, sorted(environments)))
     return info
+
+
+def _not_found(name: str, installed: List[str]) -> str:
+    """Why ``name`` found nothing, and only next steps that exist: a close installed name, the
+    catalogue's directory when there is one, the Hub's own URLs for a Hub id."""
+    if "/" in name.strip("/") and not Path(name).expanduser().exists():
+        repo = name.strip("/").split("/spaces/")[-1]
+        return (
+            f"{name!r} looks like a Hugging Face Hub id, and AutoEnv has no Hub loader: it finds "
+            "installed packages only. Install the Space's package with pip "
+            f"(pip install git+https://huggingface.co/spaces/{repo}) and pass its name, or connect a "
+            "client to the running Space (base_url='https://<owner>-<space>.hf.space')"
+        )
+    key = normalize(name)
+    near = difflib.get_close_matches(key, installed, n=1, cutoff=0.6)
+    text = f"no installed environment package matches {name!r}" + (f": did you mean {near[0]!r}?" if near else ".")
+    text += f" Installed: {', '.join(installed) or 'none'} (`openenv list` shows them)."
+    catalogue = Path(__file__).resolve().parents[3] / "envs" / f"{key}_env"  # a source checkout's catalogue
+    if (catalogue / MANIFEST).is_file():
+        text += f" Install it with: pip install -e {catalogue}"
+    else:
+        text += " Install the package with pip, or pass the path of an environment package directory."
+    return text

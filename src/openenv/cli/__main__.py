@@ -2,23 +2,57 @@
 
 from __future__ import annotations
 
-import inspect
+import difflib
 import sys
-from typing import Any, List, Optional
+from typing import List, Optional
 
 import typer
 
-from openenv.cli._common import CLIError, err
+from openenv.cli._common import CLIError, err, out
+from openenv.cli._help import WIDTH, PlainCommand, PlainGroup
 
 app = typer.Typer(
     name="openenv",
     help="Create, serve, validate, build and publish OpenEnv environments.",
-    rich_markup_mode="rich",
-    no_args_is_help=True,
+    cls=PlainGroup,
+    rich_markup_mode=None,
     add_completion=False,
     pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": WIDTH},
 )
+
+
+@app.callback(invoke_without_command=True)
+def _root(
+    ctx: typer.Context,
+    version: bool = typer.Option(False, "--version", is_eager=True, help="Print openenv's version and exit."),
+) -> None:
+    if version:
+        import openenv
+
+        out.print(f"openenv {openenv.__version__}", markup=False)
+        raise typer.Exit()
+    if ctx.invoked_subcommand is None:  # a bare `openenv`: what there is to run
+        out.print(ctx.get_help(), markup=False)
+        raise typer.Exit()
+
+
+def _help(
+    ctx: typer.Context,
+    command: Optional[str] = typer.Argument(None, metavar="COMMAND", help="The command to describe."),
+) -> None:
+    """Show the help of COMMAND (or of openenv)."""
+    root = ctx.find_root()
+    if command is None:
+        out.print(root.get_help(), markup=False)
+        return
+    found = root.command.get_command(root, command)
+    if found is None:
+        names = root.command.list_commands(root)
+        near = difflib.get_close_matches(command, names, n=1)
+        hint = f"did you mean '{near[0]}'? " if near else ""
+        raise CLIError(f"no command '{command}': {hint}the commands are {', '.join(names)}")
+    out.print(found.get_help(typer.Context(found, info_name=command, parent=root)), markup=False)
 
 
 def _register() -> None:
@@ -26,20 +60,9 @@ def _register() -> None:
 
     for module in (init, serve, validate, build, push, list_envs, fork):
         module.register(app)
+    app.command("help")(_help)
     for command in app.registered_commands:
-        _name_the_values(command.callback)
-
-
-def _name_the_values(callback: Any) -> None:
-    """Help shows ``--tag TAG`` and a bare ``--json`` instead of typer's ``<str>`` and ``<bool>``."""
-    for parameter in inspect.signature(callback).parameters.values():
-        info = parameter.default
-        if not isinstance(info, (typer.models.OptionInfo, typer.models.ArgumentInfo)) or info.metavar is not None:
-            continue
-        if isinstance(info, typer.models.OptionInfo) and isinstance(info.default, bool):
-            info.metavar = ""
-        else:
-            info.metavar = parameter.name.upper()
+        command.cls = PlainCommand
 
 
 _register()
@@ -57,13 +80,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 130
     except SystemExit as exc:  # typer.Exit inside commands
         return int(exc.code or 0) if not isinstance(exc.code, str) else 1
-    except Exception as exc:  # click's usage errors and the unexpected
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
+    except Exception as exc:  # click's usage errors (typer's own copy of click, in typer >= 0.2x) and the unexpected
+        if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int):
+            message = getattr(exc, "message", None)
+            if isinstance(message, str):  # typer's value coercion prefixes pydantic's "Value error, "
+                exc.message = message.removeprefix("Value error, ")  # type: ignore[attr-defined]
             exc.show()
             return exc.exit_code
-        if isinstance(exc, click.exceptions.Abort):
+        if type(exc).__name__ == "Abort":
             err.print("Aborted.")
             return 1
         err.print(f"[bold red]Error:[/] {type(exc).__name__}: {exc}")

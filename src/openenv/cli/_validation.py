@@ -138,7 +138,7 @@ def validate_package(
             url = provider.start()
             provider.wait_for_ready(timeout_s)
         except Exception as exc:
-            hint = " (pass --isolation none to run it without a sandbox)" if "bwrap" in str(exc) else ""
+            hint = " (pass --no-sandbox to run it without one)" if "bwrap" in str(exc) else ""
             report.add("server.start", "Server starts", Status.FAILED, f"{type(exc).__name__}: {exc}{hint}")
             _skip_rest(report, "the server did not start")
             return report

@@ -7,6 +7,7 @@ the exception keeps the code and the frame's other fields (``details``).
 
 from __future__ import annotations
 
+import errno
 import json
 from typing import Any, Dict, Optional, Type
 
@@ -25,7 +26,10 @@ class ServerError(EnvClientError):
         if code is not None:
             self.code = code
         self.details = details or {}
-        super().__init__(f"Server error: {message} (code: {self.code})")
+        super().__init__(self._describe())
+
+    def _describe(self) -> str:
+        return f"Server error: {self.message} (code: {self.code})"
 
     def __reduce__(self) -> Any:  # pickles (e.g. across a process pool) with its fields
         return (type(self), (self.message, self.code, self.details))
@@ -47,6 +51,22 @@ class ActionValidationError(ServerError):
     @property
     def errors(self) -> list:
         return list(self.details.get("errors", []))
+
+    def _describe(self) -> str:
+        """The message with the failing fields: ``...: message: Field required; count: Input should be a valid integer``."""
+        problems = []
+        for error in self.errors[:_SHOWN_ERRORS]:
+            if not isinstance(error, dict):
+                continue
+            where = ".".join(str(part) for part in error.get("loc") or () if part not in ("body", "action"))
+            problems.append(f"{where or 'action'}: {error.get('msg', error.get('type', 'invalid'))}")
+        if len(self.errors) > _SHOWN_ERRORS:
+            problems.append(f"{len(self.errors) - _SHOWN_ERRORS} more in .errors")
+        text = super()._describe()
+        return f"{text}: {'; '.join(problems)}" if problems else text
+
+
+_SHOWN_ERRORS = 5
 
 
 class EnvironmentExecutionError(ServerError):
@@ -151,6 +171,50 @@ def refused_credentials(exc: BaseException, where: str) -> Optional[Authenticati
         "send the server's token with headers={'Authorization': 'Bearer <token>'}",
         status,
     )
+
+
+def connect_failure(exc: BaseException, url: str, uds: Optional[str] = None, doing: str = "") -> ConnectionError:
+    """The exception for a failed connection to ``url`` (through the Unix socket ``uds``) while
+    ``doing`` something (a phrase for the message's start): an :class:`AuthenticationError` for a
+    refused token, else a ``ConnectionError`` that says what happened in words a user can act on
+    (nothing listening, a missing socket, a wrong path, a timeout)."""
+    where = f"{url} (Unix socket {uds})" if uds else url
+    refused = refused_credentials(exc, where)
+    if refused is not None:
+        return refused
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    cause = _errno_of(exc)
+    if cause in (errno.ENOENT, errno.ENOTDIR) and uds:
+        text = f"no server socket at {uds} (is the server running? is that its socket?)"
+    elif cause in (errno.ECONNREFUSED, errno.ECONNRESET) or (cause is None and _says_refused(exc)):
+        text = f"no server answers at {where} (is it running?)"
+    elif status in (403, 404):
+        text = (
+            f"{where} answered HTTP {status}: the server has no such route; check the URL's path "
+            "(give the server's base URL, without /ws or /mcp)"
+        )
+    elif isinstance(exc, TimeoutError) or "timeout" in type(exc).__name__.lower():
+        text = f"{where} did not complete the connection in time (a busy or stalled server, or a firewall)"
+    else:
+        text = f"failed to connect to {where}: {type(exc).__name__}" + (f": {exc}" if str(exc) else "")
+    text = f"{doing}: {text}" if doing else text
+    return ConnectionError(text[:1].upper() + text[1:])
+
+
+def _errno_of(exc: BaseException) -> Optional[int]:
+    """The errno of ``exc`` or of the OSError it was raised from (httpx wraps them)."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, OSError) and exc.errno is not None:
+            return exc.errno
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+        seen += 1
+    return None
+
+
+def _says_refused(exc: BaseException) -> bool:
+    # httpx's ConnectError over anyio: "All connection attempts failed", the OSError not chained
+    return type(exc).__name__ == "ConnectError" and "All connection attempts failed" in str(exc)
 
 
 class ToolCallError(EnvClientError):

@@ -28,7 +28,7 @@ from abc import ABC, abstractmethod
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Generic, List, Optional, Tuple, TypeVar
 
-from .client_errors import EnvClientError, SessionLostError, error_from_frame, refused_credentials
+from .client_errors import EnvClientError, SessionLostError, connect_failure, error_from_frame
 from .client_types import StepResult
 from .utils import Endpoint, check_unix_socket, parse_endpoint, timeout_after, within
 
@@ -439,11 +439,7 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
                     options["proxy"] = None
                 ws = await connect(url, **options)
         except Exception as exc:
-            where = f"{url} (unix socket {endpoint.uds})" if endpoint.uds else url
-            refused = refused_credentials(exc, where)
-            if refused is not None:
-                raise refused from exc
-            raise ConnectionError(f"Failed to connect to {where}: {exc}") from exc
+            raise connect_failure(exc, url, endpoint.uds) from exc
         if self._state is ClientState.CLOSING:  # close() began while this connected
             await _close_quietly(ws)
             self._refuse_while_closing()

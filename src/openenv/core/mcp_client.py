@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Set
 
 from pydantic import ConfigDict
 
-from .client_errors import CapacityReachedError, SessionError, ToolCallError, refused_credentials
+from .client_errors import CapacityReachedError, SessionError, ToolCallError, connect_failure
 from .client_types import StepResult
 from .env_client import EnvClient
 from .env_server.mcp_types import (
@@ -143,11 +143,8 @@ class MCPClientBase(EnvClient[Any, Observation, State]):
         try:
             body = await self._http_rpc(endpoint, "openenv/session/create", {})
         except Exception as exc:
-            refused = refused_credentials(exc, f"{endpoint.http_url}/mcp")
-            if refused is not None:
-                raise refused from exc
-            raise ConnectionError(
-                f"Failed to create MCP session at {endpoint.http_url}/mcp: {exc or type(exc).__name__}"
+            raise connect_failure(
+                exc, f"{endpoint.http_url}/mcp", endpoint.uds, "Could not create an MCP session"
             ) from exc
         error = body.get("error")
         if error:

@@ -26,6 +26,7 @@ raises (the server refuses an action, the policy fails, the connection drops) is
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
 import json
 import math
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Awaitable, Callable, Dict, Hashable, List, Optional, Sequence, Union
 
+from .client_errors import CapacityReachedError
 from .env_client import EnvClient, Usage
 from .generic_client import GenericEnvClient
 from .sync_client import SyncEnvClient
@@ -227,6 +229,7 @@ async def rollout_async(
     jsonl_path: Optional[Union[str, Path]] = None,
     progress: bool = False,
     policy_in_thread: bool = False,
+    capacity_timeout_s: float = 60.0,
 ) -> RolloutResult:
     """Play episodes of ``env`` with ``policy`` over ``concurrency`` sessions at once.
 
@@ -248,6 +251,12 @@ async def rollout_async(
     keeps a failed episode with its error and goes on; ``"raise"`` stops at the first failure.
     ``jsonl_path`` gets one JSON line per episode as it finishes; ``progress`` shows a bar on
     stderr.
+
+    ``concurrency`` may exceed what the server holds: a session the server refuses as full
+    (``CapacityReachedError``, before its episode began) waits for a session of this rollout to
+    let go of its slot, or retries every second or so, and the episode is played then. Only when
+    none of this rollout's sessions holds a slot for ``capacity_timeout_s`` (the server is full
+    of others' sessions) is the episode recorded as failed.
     """
     if on_error not in _ON_ERROR:
         raise ValueError(f"on_error must be 'record' or 'raise', got {on_error!r}")
@@ -257,6 +266,8 @@ async def rollout_async(
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
     if max_steps is not None and max_steps < 0:
         raise ValueError(f"max_steps must be >= 0, got {max_steps}")
+    if not capacity_timeout_s >= 0:
+        raise ValueError(f"capacity_timeout_s must be >= 0, got {capacity_timeout_s}")
     starts = [{} for _ in range(episodes)] if isinstance(episodes, int) else [dict(k) for k in episodes]
     plan = [
         Episode(index=g * group_size + i, group=g, reset_kwargs=kwargs)
@@ -265,31 +276,60 @@ async def rollout_async(
     ]
     factory = _session_factory(env, client_cls)
     call_policy = _policy_caller(policy, policy_in_thread)
-    queue: asyncio.Queue = asyncio.Queue()
-    for episode in plan:
-        queue.put_nowait(episode)
+    pending = collections.deque(plan)
+    capacity = _Capacity()
     sink = _Sink(jsonl_path, len(plan), progress)
     began = time.perf_counter()
 
     async def session(number: int) -> None:
         client = None
+        holds = False  # the client holds one of the server's slots (its first reset was answered)
+        refused_since: Optional[float] = None  # when the server first refused this session as full
         try:
-            while not queue.empty():
-                episode = queue.get_nowait()
+            while pending:
+                episode = pending.popleft()
                 episode.session = number
                 try:
                     if client is None:
                         client = await _open(factory)
                     await _play(client, episode, call_policy, max_steps)
+                except CapacityReachedError as exc:
+                    if client is not None:
+                        await _close(client)
+                        client = None
+                    if holds:  # its connection was replaced (and refused): the slot went with it
+                        holds = False
+                        capacity.let_go()
+                    now = time.perf_counter()
+                    refused_since = refused_since or now
+                    waited = now - refused_since
+                    if episode.observations or not (capacity.held or waited < capacity_timeout_s):
+                        episode.error = (
+                            _capacity_error(waited) if not episode.observations else f"{type(exc).__name__}: {exc}"
+                        )
+                        sink.write(episode)
+                        if on_error == "raise":
+                            raise
+                        continue
+                    episode.started_at = episode.duration_s = episode.reset_s = 0.0
+                    pending.appendleft(episode)  # played once a slot is free
+                    await capacity.changed(timeout_s=1.0)
+                    continue
                 except Exception as exc:
                     episode.error = f"{type(exc).__name__}: {exc}"
+                    sink.write(episode)
                     if on_error == "raise":
                         raise
-                finally:
+                else:
                     sink.write(episode)
+                if not holds and client is not None:
+                    holds, refused_since = True, None
+                    capacity.held += 1
         finally:
             if client is not None:
                 await _close(client)
+            if holds:
+                capacity.let_go()
 
     workers = [asyncio.ensure_future(session(n)) for n in range(min(concurrency, len(plan)))]
     try:
@@ -398,6 +438,33 @@ class BatchedPolicy:
 
 
 # --- internals ------------------------------------------------------------------------------------
+
+
+class _Capacity:
+    """How many of a rollout's sessions hold a server slot, and a wake-up when one lets go."""
+
+    def __init__(self) -> None:
+        self.held = 0
+        self._event = asyncio.Event()
+
+    def let_go(self) -> None:
+        self.held -= 1
+        self._event.set()
+        self._event = asyncio.Event()  # later waiters wait for the next one
+
+    async def changed(self, timeout_s: float) -> None:
+        """Until a session lets go of its slot, or ``timeout_s`` (a slot others freed is found by retrying)."""
+        try:
+            await asyncio.wait_for(self._event.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            pass
+
+
+def _capacity_error(waited_s: float) -> str:
+    return (
+        f"CapacityReachedError: the server stayed full for {waited_s:.0f} s while no session of this rollout "
+        "held a slot (raise its max_concurrent_envs, or capacity_timeout_s to wait longer)"
+    )
 
 
 async def _play(client: Any, episode: Episode, call_policy: Callable[..., Awaitable[Any]], max_steps: Any) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import importlib.util
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -57,7 +58,7 @@ def build_distributions(
         raise CLIError("the `build` package is not installed in this environment: pip install build")
     if not (package_dir / "pyproject.toml").is_file() and not (package_dir / "setup.py").is_file():
         raise CLIError(f"{package_dir} has no pyproject.toml (or setup.py): there is nothing to build a wheel from")
-    mode = "in an isolated environment" if isolation else "with this environment's packages (--no-isolation)"
+    mode = "in an isolated environment" if isolation else "with this environment's packages (--no-build-isolation)"
     err.print(f"Building the sdist and wheel of {package_dir} {mode}…", markup=False)
     tail: Deque[str] = collections.deque(maxlen=_TAIL_LINES)
     env = {**os.environ, "NO_COLOR": "1"}
@@ -75,11 +76,13 @@ def build_distributions(
         )
         try:
             assert process.stdout is not None
+            listing = False  # the lines under a "* ...:" heading of build's are its items ("  - setuptools")
             for raw in process.stdout:
                 line = raw.rstrip("\n")
                 tail.append(line)
-                if verbose or line.startswith("* "):
+                if verbose or line.startswith("* ") or (listing and line.startswith("  - ")):
                     err.print(f"  {line}", markup=False, style="dim")
+                listing = (line.startswith("* ") and line.endswith(":")) or (listing and line.startswith("  - "))
             code = process.wait()
         finally:
             if process.poll() is None:
@@ -90,7 +93,7 @@ def build_distributions(
                 _print_tail(tail, "the build log")
             hint = "run it again with --verbose for the whole log"
             if any("Unmet dependencies" in line or "Missing dependencies" in line for line in tail):
-                hint = "install the missing build requirements into this environment, or build without --no-isolation"
+                hint = "install the missing build requirements into this environment, or build without --no-build-isolation"
             raise CLIError(f"building the sdist and wheel of {package_dir} failed (exit code {code}): {hint}")
         out_dir.mkdir(parents=True, exist_ok=True)
         built = []
@@ -180,6 +183,13 @@ def _dockerfile_for(manifest: EnvManifest, option: Optional[str], staged: Path) 
     return relative if (staged / relative).is_file() else str(source)
 
 
+def _docker_command(tag: str, package: Path, dockerfile: str) -> str:
+    """The ``docker build`` command line for the package, runnable from the current directory
+    (docker reads ``-f`` from there, not from the context)."""
+    path = Path(dockerfile) if Path(dockerfile).is_absolute() else package / dockerfile
+    return shlex.join(["docker", "build", "-t", tag, "-f", str(path), str(package)])
+
+
 def _image(
     manifest: EnvManifest,
     tag: str,
@@ -208,7 +218,7 @@ def _image(
             err.print(
                 f"[yellow]Image skipped:[/] {escape(str(exc))}. {escape(where[:1].upper() + where[1:])}; "
                 f"the image {escape(tag)} was not built. Once Docker runs, build it with: openenv build "
-                f"{escape(str(package))} (or: docker build -t {escape(tag)} -f {escape(dockerfile)} {escape(str(package))})",
+                f"{escape(str(package))} (or: {escape(_docker_command(tag, package, dockerfile))})",
                 markup=True,
             )
             return None
@@ -236,20 +246,25 @@ def register(app: typer.Typer) -> None:
             None, "--tag", "-t", help="The image tag (default: openenv-<name without _env>:latest)."
         ),
         out_dir: Optional[Path] = typer.Option(
-            None, "--out-dir", "-o", help="Where the sdist and wheel go (default: PATH/dist)."
+            None, "--out-dir", "-o", metavar="DIR", help="Where the sdist and wheel go (default: PATH/dist)."
         ),
         no_docker: bool = typer.Option(False, "--no-docker", help="Build the sdist and wheel only."),
         no_isolation: bool = typer.Option(
             False,
+            "--no-build-isolation",
             "--no-isolation",
             help="Build with this environment's packages instead of installing the build requirements "
             "into an isolated one.",
         ),
         dockerfile: Optional[str] = typer.Option(
-            None, "--dockerfile", "-f", help="The Dockerfile (default: server/Dockerfile, then Dockerfile)."
+            None,
+            "--dockerfile",
+            "-f",
+            metavar="PATH",
+            help="The Dockerfile (default: server/Dockerfile, then Dockerfile).",
         ),
         build_arg: Optional[List[str]] = typer.Option(
-            None, "--build-arg", help="KEY=VALUE passed to the image build; repeat for more."
+            None, "--build-arg", metavar="KEY=VALUE", help="KEY=VALUE passed to the image build; repeat for more."
         ),
         no_cache: bool = typer.Option(False, "--no-cache", help="Build the image without Docker's layer cache."),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="Show the whole wheel build log."),

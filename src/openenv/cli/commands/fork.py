@@ -69,12 +69,19 @@ def register(app: typer.Typer) -> None:
         ),
         private: bool = typer.Option(False, "--private", help="Make the new Space private (default: as the source)."),
         set_env: Optional[List[str]] = typer.Option(
-            None, "--set-env", "-e", help="KEY=VALUE: a public variable of the new Space; repeat for more."
+            None, "--set-env", "-e", metavar="KEY=VALUE", help="A public variable of the new Space; repeat for more."
         ),
         set_secret: Optional[List[str]] = typer.Option(
-            None, "--set-secret", "--secret", "-s", help="KEY=VALUE: a secret of the new Space; repeat for more."
+            None,
+            "--set-secret",
+            "--secret",
+            "-s",
+            metavar="KEY=VALUE",
+            help="A secret of the new Space; repeat for more.",
         ),
-        hardware: str = typer.Option("cpu-basic", "--hardware", "-H", help="The new Space's hardware."),
+        hardware: str = typer.Option(
+            "cpu-basic", "--hardware", "-H", metavar="FLAVOR", help="The new Space's hardware."
+        ),
     ) -> None:
         """Duplicate a Hugging Face Space; prints the new Space's URL on stdout."""
         variables = _publish.parse_assignments(set_env, "--set-env")

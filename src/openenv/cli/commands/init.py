@@ -46,7 +46,11 @@ class _Template:
 
 _TEMPLATES: Dict[TemplateKind, _Template] = {
     TemplateKind.typed: _Template("Echoes messages back and rewards their length.", ()),
-    TemplateKind.mcp: _Template("MCP tools that echo messages and roll seeded dice.", ("fastmcp>=3,<5",)),
+    # FastMCP's server, as `fastmcp` rather than `openenv[core]` (an extra upstream 0.10 does not
+    # have). From 3.3 on, `fastmcp` is a thin package over fastmcp-slim, which this OpenEnv's `core`
+    # extra installs: the `fastmcp` module then comes from one distribution whichever OpenEnv is
+    # installed (upstream 0.10 itself requires fastmcp>=3,<4).
+    TemplateKind.mcp: _Template("MCP tools that echo messages and roll seeded dice.", ("fastmcp>=3.3,<5",)),
 }
 
 # Names a package may not take although Python would accept them: it would shadow (or be shadowed
@@ -148,13 +152,15 @@ def placeholders(name: str, template: TemplateKind) -> Dict[str, str]:
     }
 
 
-def _openenv_requirement() -> str:
-    import openenv
+# The oldest OpenEnv the templates work with. They use only API that upstream OpenEnv 0.10 (on
+# PyPI) and this distribution share, so a generated package installs from PyPI as it is, and
+# against this OpenEnv where it is installed (scripts/template-interop.sh runs the generated
+# tests under both).
+OLDEST_OPENENV = "0.10"
 
-    release = openenv.__version__.split(".")[:2]
-    if len(release) == 2 and all(part.isdigit() for part in release) and release != ["0", "0"]:
-        return f"openenv>={'.'.join(release)}"
-    return "openenv"
+
+def _openenv_requirement() -> str:
+    return f"openenv>={OLDEST_OPENENV}"
 
 
 def render(text: str, values: Dict[str, str]) -> str:

@@ -49,9 +49,10 @@ def register(app: typer.Typer) -> None:
         if not rows:
             out.print("No environment packages installed. Create one with [bold]openenv init NAME[/].")
             return
-        table = Table(title=f"{len(rows)} environment package{'s' if len(rows) != 1 else ''}", title_justify="left")
+        out.print(f"{len(rows)} environment package{'s' if len(rows) != 1 else ''}:", markup=False)
+        table = Table(box=None, header_style="bold", pad_edge=False, padding=(0, 2))  # no box: fits 80-100 columns
         for column in ("Name", "Version", "Client", "Path"):
-            table.add_column(column, overflow="fold")
+            table.add_column(column, overflow="fold", no_wrap=column != "Path")
         for row in rows:
             table.add_row(row["name"], row["version"] or "-", row["client"], row["path"])
         out.print(table)

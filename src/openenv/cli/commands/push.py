@@ -104,8 +104,25 @@ def _identity_options(work: Path) -> List[str]:
     return ["-c", f"user.name={name}", "-c", f"user.email={email}"]
 
 
-def push_to_git(manifest: EnvManifest, remote: str, branch: str, excludes: Sequence[str], message: str) -> str:
-    """Commit the staged package on top of ``branch`` of ``remote`` and push it; return the commit id."""
+def _default_branch(location: str, work: Path) -> str:
+    """The branch a clone of ``location`` checks out: the one its HEAD names (``main`` where that
+    cannot be told: a remote elsewhere with no commits yet)."""
+    listed = _git(["ls-remote", "--symref", location, "HEAD"], work, check=False).stdout
+    for line in listed.splitlines():
+        if line.startswith("ref: refs/heads/") and line.endswith("\tHEAD"):
+            return line[len("ref: refs/heads/") : -len("\tHEAD")]
+    if Path(location).is_dir():  # a repository on this machine: its HEAD names its branch, born or not
+        head = _git(["-C", location, "symbolic-ref", "--quiet", "HEAD"], work, check=False).stdout.strip()
+        if head.startswith("refs/heads/"):
+            return head[len("refs/heads/") :]
+    return "main"
+
+
+def push_to_git(
+    manifest: EnvManifest, remote: str, branch: Optional[str], excludes: Sequence[str], message: str
+) -> str:
+    """Commit the staged package on top of ``branch`` of ``remote`` (default: the remote's default
+    branch) and push it; return the commit id."""
     if shutil.which("git") is None:
         raise CLIError("git is not installed: install it (apt-get install git), or push to a Space instead")
     location = _remote_location(remote)
@@ -115,6 +132,7 @@ def push_to_git(manifest: EnvManifest, remote: str, branch: str, excludes: Seque
         files = _publish.stage(manifest.path, work, excludes)
         changes = _publish.space_layout(work, manifest) if _SPACE_URL.match(location) else []
         _git(["init", "-q"], work)
+        branch = branch or _default_branch(location, work)
         if _git(["check-ref-format", f"refs/heads/{branch}"], work, check=False).returncode != 0:
             raise CLIError(f"--branch {branch!r} is not a valid branch name")
         _git(["symbolic-ref", "HEAD", f"refs/heads/{branch}"], work)
@@ -159,15 +177,23 @@ def register(app: typer.Typer) -> None:
         git_remote: Optional[str] = typer.Option(
             None, "--git-remote", help="Push to this git remote (a URL or a local repository) instead of a Space."
         ),
-        branch: Optional[str] = typer.Option(None, "--branch", "-b", help="The git remote's branch (default: main)."),
+        branch: Optional[str] = typer.Option(
+            None,
+            "--branch",
+            "-b",
+            metavar="BRANCH",
+            help="The git remote's branch (default: the one its HEAD names, which a clone checks out; main for an "
+            "empty remote that is not on this machine).",
+        ),
         exclude: Optional[List[str]] = typer.Option(
             None,
             "--exclude",
             "-x",
+            metavar="PATTERN",
             help="Leave out matching files: NAME-PATTERN at any depth, or a PATH/PATTERN from the package root "
             "(a trailing / matches directories only); repeat for more.",
         ),
-        message: Optional[str] = typer.Option(None, "--message", "-m", help="The commit message."),
+        message: Optional[str] = typer.Option(None, "--message", "-m", metavar="TEXT", help="The commit message."),
     ) -> None:
         """Publish the environment package to a Hugging Face Space (or, with --git-remote, a git repository).
 
@@ -183,6 +209,6 @@ def register(app: typer.Typer) -> None:
         excludes = list(exclude or ())
         text = message or f"openenv push: {manifest.name}" + (f" {manifest.version}" if manifest.version else "")
         if git_remote is not None:
-            out.print(push_to_git(manifest, git_remote, branch or "main", excludes, text), markup=False)
+            out.print(push_to_git(manifest, git_remote, branch, excludes, text), markup=False)
         else:
             out.print(push_to_space(manifest, repo_id, private, excludes, text), markup=False)

@@ -26,16 +26,26 @@ def register(app: typer.Typer) -> None:
         ),
         json_output: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
         timeout: float = typer.Option(
-            30.0, "--timeout", min=0.1, help="Seconds allowed for the import, the server start and each request."
+            30.0,
+            "--timeout",
+            min=0.1,
+            metavar="SECONDS",
+            help="Seconds allowed for the import, the server start and each request.",
         ),
         runtime: bool = typer.Option(
             True, "--runtime/--no-runtime", help="Serve the package and check the live server (packages only)."
         ),
-        isolation: str = typer.Option(
-            "sandbox", "--isolation", help="Where the package's server runs: 'sandbox' (bubblewrap) or 'none'."
+        sandbox: bool = typer.Option(
+            True,
+            "--sandbox/--no-sandbox",
+            help="Serve the package in the bubblewrap sandbox (default) or as a plain process.",
         ),
+        isolation: Optional[str] = typer.Option(None, "--isolation", hidden=True),  # before 0.11: sandbox|none
         action: Optional[str] = typer.Option(
-            None, "--action", help="JSON of a valid step action (default: one generated from the action schema)."
+            None,
+            "--action",
+            metavar="JSON",
+            help="JSON of a valid step action (default: one generated from the action schema).",
         ),
     ) -> None:
         """Check an environment package (or a running server) and report each check.
@@ -48,8 +58,10 @@ def register(app: typer.Typer) -> None:
         """
         from openenv.cli._validation import validate_package, validate_url
 
-        if isolation not in ("sandbox", "none"):
-            raise CLIError(f"--isolation must be 'sandbox' or 'none', not {isolation!r}", code=2)
+        if isolation is not None:
+            if isolation not in ("sandbox", "none"):
+                raise CLIError(f"--isolation must be 'sandbox' or 'none', not {isolation!r} (or use --no-sandbox)", 2)
+            sandbox = isolation == "sandbox"
         step_action = _parse_action(action)
         progress = _progress_printer()
         with _sigterm_as_interrupt():
@@ -63,7 +75,7 @@ def register(app: typer.Typer) -> None:
                     path,
                     timeout_s=timeout,
                     runtime=runtime,
-                    isolation=isolation,
+                    isolation="sandbox" if sandbox else "none",
                     action=step_action,
                     progress=progress,
                 )
@@ -116,15 +128,15 @@ def _print_report(report: Any) -> None:
     from rich.text import Text
 
     kind = "package" if report.kind == "package" else "server"
-    table = Table(title=f"openenv validate: {report.name or report.target} ({kind})", title_justify="left")
-    table.add_column("Result", no_wrap=True)
-    table.add_column("Check", no_wrap=True)
-    table.add_column("Detail", overflow="fold")
+    out.print(Text(f"openenv validate: {report.name or report.target} ({kind})", style="bold"))
+    # No box and no header: one check a line (the detail wraps beside it), readable in 80-100 columns.
+    table = Table(box=None, show_header=False, pad_edge=False, padding=(0, 1))
+    table.add_column(no_wrap=True)
+    table.add_column(no_wrap=True)
+    table.add_column(overflow="fold")
     for check in report.checks:
         status = check.status.value
-        first_line = check.detail.splitlines()[0] if check.detail else ""
-        if len(first_line) > 100:
-            first_line = first_line[:97] + "..."
+        first_line = check.detail.splitlines()[0] if check.detail else ""  # whole: it wraps, never cut
         table.add_row(Text(f"{_MARKS[status]} {status}", style=_STYLES[status]), check.id, Text(first_line))
     out.print(table)
     notable = [c for c in report.checks if c.status.value in ("failed", "warning")]

@@ -84,12 +84,6 @@ def leave(token: contextvars.Token) -> None:
     _shown.reset(token)
 
 
-def _openenvs_own(exc: BaseException) -> bool:
-    """An exception OpenEnv raises with its own words (capacity, sessions, timeouts, a result of
-    the wrong kind): one of :mod:`.exceptions`' classes itself, not an environment's subclass."""
-    return isinstance(exc, OpenEnvError) and type(exc).__module__ == OpenEnvError.__module__
-
-
 def exception_name(exc: BaseException) -> str:
     """The type name an answer gives for ``exc`` (the original's, for an EnvironmentCallError)."""
     return exc.name if isinstance(exc, EnvironmentCallError) else type(exc).__name__
@@ -98,9 +92,10 @@ def exception_name(exc: BaseException) -> str:
 def describe(exc: BaseException, log: logging.Logger, what: str) -> str:
     """Log ``exc`` (with its traceback and an incident id) as ``what``, and return the text the
     current client is to be sent: the exception's own text, or its type and the incident id.
-    OpenEnv's own exceptions say nothing of the environment's internals: they are sent as they
-    are and logged without a traceback."""
-    if _openenvs_own(exc):
+    OpenEnv's own exceptions (capacity, sessions, timeouts, a result of the wrong kind: one of
+    :mod:`.exceptions`' classes itself, not an environment's subclass) say nothing of the
+    environment's internals: they are sent as they are and logged without a traceback."""
+    if isinstance(exc, OpenEnvError) and type(exc).__module__ == OpenEnvError.__module__:
         log.warning("%s: %s", what, exc)
         return str(exc)
     name = exception_name(exc)

@@ -1,28 +1,11 @@
 """Server-side exceptions, and the one table of how each is answered.
 
-Every OpenEnv error type carries an :class:`ErrorKind`: its ``/ws`` error code, its HTTP status,
-its JSON-RPC code and, when it ends a WebSocket before a session exists, the close code. Each
-transport has one renderer that reads it (:func:`kind_of` for any exception): the ``/ws`` error
+Every OpenEnv error type carries an :class:`ErrorKind` (the table below): its ``/ws`` error code, its
+HTTP status, its JSON-RPC code and, when it ends a WebSocket before a session exists, the close code.
+Each transport has one renderer that reads it (:func:`kind_of` for any exception): the ``/ws`` error
 frame (:mod:`.ws_endpoint`), the HTTP JSON error (:mod:`.http_server`) and the JSON-RPC error
 (:mod:`.mcp_endpoint`). ``details()`` are the extra fields an answer carries (``timeout_s``,
 ``max_sessions``, ...): in the ``/ws`` frame's ``data`` and the JSON-RPC error's ``data``.
-
-================================  ====================  ====  ======  =====
-error                             /ws code              HTTP  JSON-RPC close
-================================  ====================  ====  ======  =====
-(an environment's own exception)  EXECUTION_ERROR       500   -32603  1011
-pydantic ``ValidationError``      VALIDATION_ERROR      422   -32602  1008
-:class:`SessionCapacityError`     CAPACITY_REACHED      503   -32000  1013
-:class:`EnvironmentFactoryError`  FACTORY_ERROR         500   -32000  1011
-:class:`StepTimeoutError`         TIMEOUT               504   -32603  1011
-:class:`SessionNotFoundError`     SESSION_ERROR         404   -32602  1008
-:class:`SessionCreationError`     SESSION_ERROR         409   -32600  1008
-:class:`MessageTooLargeError`     MESSAGE_TOO_LARGE     413   -32600  1009
-:class:`ServerBusyError`          SERVER_BUSY           503   -32000  1013
-:class:`InvalidJsonError`         INVALID_JSON          400   -32700  1007
-:class:`ConcurrencyConfiguration  EXECUTION_ERROR       500   -32000  1011
-Error`
-================================  ====================  ====  ======  =====
 """
 
 from __future__ import annotations
@@ -41,23 +24,28 @@ class ErrorKind:
     close_code: int = 1011
 
 
-EXECUTION = ErrorKind("EXECUTION_ERROR", 500, -32603)
-VALIDATION = ErrorKind("VALIDATION_ERROR", 422, -32602, 1008)
-CAPACITY = ErrorKind("CAPACITY_REACHED", 503, -32000, 1013)
-FACTORY = ErrorKind("FACTORY_ERROR", 500, -32000)
-TIMEOUT = ErrorKind("TIMEOUT", 504, -32603)
-SESSION_UNKNOWN = ErrorKind("SESSION_ERROR", 404, -32602, 1008)
-SESSION_CONFLICT = ErrorKind("SESSION_ERROR", 409, -32600, 1008)
-TOO_LARGE = ErrorKind("MESSAGE_TOO_LARGE", 413, -32600, 1009)
-BUSY = ErrorKind("SERVER_BUSY", 503, -32000, 1013)
-INVALID_JSON = ErrorKind("INVALID_JSON", 400, -32700, 1007)
-MISCONFIGURED = ErrorKind("EXECUTION_ERROR", 500, -32000)
+# The table: each kind, and the errors answered by it.
+EXECUTION = ErrorKind("EXECUTION_ERROR", 500, -32603)  # an environment's own exception; EnvironmentResultError
+VALIDATION = ErrorKind("VALIDATION_ERROR", 422, -32602, 1008)  # pydantic's ValidationError
+CAPACITY = ErrorKind("CAPACITY_REACHED", 503, -32000, 1013)  # SessionCapacityError
+FACTORY = ErrorKind("FACTORY_ERROR", 500, -32000)  # EnvironmentFactoryError
+TIMEOUT = ErrorKind("TIMEOUT", 504, -32603)  # StepTimeoutError, WorkersStuckError
+SESSION_UNKNOWN = ErrorKind("SESSION_ERROR", 404, -32602, 1008)  # SessionNotFoundError
+SESSION_CONFLICT = ErrorKind("SESSION_ERROR", 409, -32600, 1008)  # SessionCreationError
+TOO_LARGE = ErrorKind("MESSAGE_TOO_LARGE", 413, -32600, 1009)  # MessageTooLargeError
+BUSY = ErrorKind("SERVER_BUSY", 503, -32000, 1013)  # ServerBusyError
+INVALID_JSON = ErrorKind("INVALID_JSON", 400, -32700, 1007)  # InvalidJsonError
+MISCONFIGURED = ErrorKind("EXECUTION_ERROR", 500, -32000)  # ConcurrencyConfigurationError
 
 
 class OpenEnvError(Exception):
     """Base of OpenEnv's server-side exceptions; ``kind`` says how each transport answers it."""
 
     kind: ClassVar[ErrorKind] = EXECUTION
+
+    def __init__(self, message: str = "", *args: Any) -> None:
+        self.message = message
+        super().__init__(message, *args)
 
     @property
     def text(self) -> str:
@@ -89,8 +77,7 @@ class MessageTooLargeError(OpenEnvError):
     def __init__(self, size: Optional[int], limit: int, unit: str = "bytes") -> None:
         self.limit = limit
         shown = "Message" if size is None else f"Message of {size} {unit}"
-        self.message = f"{shown} exceeds the server's limit of {limit} {unit} (OPENENV_MAX_MESSAGE_MB)"
-        super().__init__(self.message)
+        super().__init__(f"{shown} exceeds the server's limit of {limit} {unit} (OPENENV_MAX_MESSAGE_MB)")
 
     def details(self) -> Dict[str, Any]:
         return {"limit": self.limit}
@@ -101,10 +88,6 @@ class ServerBusyError(OpenEnvError):
 
     kind = BUSY
 
-    def __init__(self, message: str) -> None:
-        self.message = message
-        super().__init__(message)
-
 
 class InvalidJsonError(OpenEnvError):
     """A message that is not JSON (or nested too deeply)."""
@@ -112,8 +95,7 @@ class InvalidJsonError(OpenEnvError):
     kind = INVALID_JSON
 
     def __init__(self, reason: str) -> None:
-        self.message = f"Invalid JSON: {reason}"
-        super().__init__(self.message)
+        super().__init__(f"Invalid JSON: {reason}")
 
 
 class ConcurrencyConfigurationError(OpenEnvError):
@@ -131,7 +113,6 @@ class ConcurrencyConfigurationError(OpenEnvError):
                 "Set SUPPORTS_CONCURRENT_SESSIONS = True on the class if its instances share no "
                 "state, or use max_concurrent_envs=1."
             )
-        self.message = message
         super().__init__(message)
 
 
@@ -147,7 +128,6 @@ class SessionCapacityError(OpenEnvError):
             message = (
                 f"Server at capacity: {active_sessions}/{max_sessions} sessions active. Cannot accept new connections."
             )
-        self.message = message
         super().__init__(message)
 
     def details(self) -> Dict[str, Any]:
@@ -159,8 +139,7 @@ class SessionNotFoundError(OpenEnvError):
 
     def __init__(self, session_id: str, message: Optional[str] = None) -> None:
         self.session_id = session_id
-        self.message = message or f"Unknown session_id: {session_id}"
-        super().__init__(self.message)
+        super().__init__(message or f"Unknown session_id: {session_id}")
 
 
 class SessionCreationError(OpenEnvError):
@@ -168,8 +147,7 @@ class SessionCreationError(OpenEnvError):
 
     def __init__(self, reason: str, message: Optional[str] = None) -> None:
         self.reason = reason
-        self.message = message or f"Failed to create session: {reason}"
-        super().__init__(self.message)
+        super().__init__(message or f"Failed to create session: {reason}")
 
 
 class EnvironmentFactoryError(OpenEnvError):
@@ -179,8 +157,7 @@ class EnvironmentFactoryError(OpenEnvError):
 
     def __init__(self, factory_name: str, message: Optional[str] = None) -> None:
         self.factory_name = factory_name
-        self.message = message or f"Environment factory '{factory_name}' failed to create instance."
-        super().__init__(self.message)
+        super().__init__(message or f"Environment factory '{factory_name}' failed to create instance.")
 
     def details(self) -> Dict[str, Any]:
         return {"factory_name": self.factory_name}
@@ -194,11 +171,10 @@ class StepTimeoutError(OpenEnvError, TimeoutError):
     def __init__(self, operation: str, timeout_s: float) -> None:
         self.operation = operation
         self.timeout_s = timeout_s
-        self.message = (
+        super().__init__(
             f"{operation} did not finish within the server's step timeout of {timeout_s:g} s; "
             "the environment instance was discarded: call reset() to start a new episode"
         )
-        super().__init__(self.message)
 
     def details(self) -> Dict[str, Any]:
         return {"timeout_s": self.timeout_s}
@@ -219,11 +195,11 @@ class WorkersStuckError(StepTimeoutError):
             detail = f"no worker thread came free within the step timeout of {timeout_s:g} s"
         else:
             detail = "every worker thread is stuck in an earlier call that was given up on, and others already wait"
-        self.message = (
+        OpenEnvError.__init__(  # not StepTimeoutError's, which words a timeout
+            self,
             f"{operation} was not started: {detail} ({stuck} stuck; does the environment hang?); "
-            "the environment was not touched: try again later"
+            "the environment was not touched: try again later",
         )
-        Exception.__init__(self, self.message)
 
 
 class EnvironmentResultError(OpenEnvError, TypeError):

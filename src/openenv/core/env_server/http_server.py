@@ -36,7 +36,7 @@ from .mcp_endpoint import MCPDispatcher
 from .middleware import BearerAuth, BodyLimits, ErrorDetailsScope
 from .serialization import deserialize_action, serialize_observation, to_json_bytes, to_jsonable
 from .sessions import Session, SessionManager
-from .settings import ServerOptions, ServerSettings, tuned_gc
+from .settings import ServerOptions, ServerSettings, check_argument, tuned_gc
 from .types import (
     Action,
     ConcurrencyConfig,
@@ -64,14 +64,6 @@ logger = logging.getLogger("openenv.server")
 ENV_FACTORY = Callable[[], Environment]
 
 
-def _resolve_mode(mode: Union[ServerMode, str, None]) -> ServerMode:
-    try:
-        return mode if isinstance(mode, ServerMode) else ServerMode(str(mode or ServerMode.SIMULATION.value).lower())
-    except ValueError:
-        valid = ", ".join(m.value for m in ServerMode)
-        raise ValueError(f"Invalid server mode {mode!r}: expected one of {valid}") from None
-
-
 def _json_response(content: Any, status: int = 200) -> Response:
     """A JSON response of any value (NaN and infinities written as null, which Starlette's
     JSONResponse refuses with a 500)."""
@@ -83,15 +75,17 @@ async def _request_validation_error(request: Request, exc: RequestValidationErro
     return _json_response({"detail": jsonable_encoder(exc.errors())}, status=422)
 
 
-def http_error(exc: BaseException, what: str) -> Response:
+def http_error(exc: BaseException) -> Response:
     """The HTTP answer to ``exc``, by the table of :mod:`.exceptions`: an invalid message's 422
     with pydantic's errors, an OpenEnv error's status and ``{"detail", "code"}``; anything else a
     500 worded by :func:`.error_details.describe`."""
     kind = kind_of(exc)
     if kind is VALIDATION:
         return _json_response({"detail": json.loads(exc.json())}, status=422)  # type: ignore[attr-defined]
-    own = isinstance(exc, OpenEnvError) and kind is not EXECUTION
-    detail = exc.text if own else shown_errors.describe(exc, logger, what)  # type: ignore[attr-defined]
+    if isinstance(exc, OpenEnvError) and kind is not EXECUTION:
+        detail = exc.text
+    else:
+        detail = shown_errors.describe(exc, logger, "environment call failed")
     return JSONResponse({"detail": detail, "code": kind.ws_code}, status_code=kind.http_status)
 
 
@@ -157,9 +151,8 @@ class HTTPEnvServer:
         self.state_cls = state_cls
         self.env_name = env_name or getattr(env, "__name__", None) or type(env).__name__
         self.mode = settings.mode
-        self.limits = settings.limits
-        """What clients may make this server hold (read by the runner and the transport too)."""
-        self.budget = InFlightBudget(self.limits.max_inflight_bytes)
+        limits = settings.limits
+        self.budget = InFlightBudget(limits.max_inflight_bytes)
         """The bytes in flight of all clients together (large frames and request bodies)."""
         self.manager = SessionManager(
             env,
@@ -167,14 +160,14 @@ class HTTPEnvServer:
             session_timeout_s=concurrency_config.session_timeout,
             step_timeout_s=settings.step_timeout_s,
             worker_threads=settings.worker_threads,
-            attached_idle_timeout_s=self.limits.session_idle_timeout_s or None,
+            attached_idle_timeout_s=limits.session_idle_timeout_s or None,
             sched_batch=settings.sched_batch,
         )
-        self.max_message_chars = self.limits.max_message_bytes
         self.auth_token = auth.checked_token(settings.auth_token)
         self.manager.prepare = self.prepare_session
-        self.mcp = MCPDispatcher(self.manager, action_cls, self.env_name, max_message_chars=self.max_message_chars)
-        self.ws_context = WSContext(self.manager, action_cls, self.max_message_chars, self.mcp)
+        max_chars = limits.max_message_bytes
+        self.mcp = MCPDispatcher(self.manager, action_cls, self.env_name, max_message_chars=max_chars)
+        self.ws_context = WSContext(self.manager, action_cls, max_chars, self.mcp)
         """What the ``/ws`` handler gets of this server."""
         self._metadata: Optional[EnvironmentMetadata] = None
         self._schema: Optional[Dict[str, Any]] = None
@@ -257,7 +250,7 @@ class HTTPEnvServer:
             async with self.manager.temporary() as session:
                 return await work(session)
         except Exception as exc:
-            return http_error(exc, "environment call failed")
+            return http_error(exc)
 
     async def _metadata_of_env(self) -> EnvironmentMetadata:
         if self._metadata is None:
@@ -311,7 +304,7 @@ class HTTPEnvServer:
 
     def register_routes(self, app: FastAPI, mode: Union[ServerMode, str] = ServerMode.SIMULATION) -> None:
         """Add every route to ``app`` (HTTP reset/step/state only in simulation mode)."""
-        self.mode = _resolve_mode(mode)
+        self.mode = check_argument("mode", mode or ServerMode.SIMULATION)
         self._install_lifespan(app)
         if self.mode is ServerMode.SIMULATION:
             self._register_simulation_routes(app)
@@ -326,8 +319,8 @@ class HTTPEnvServer:
         self._register_task_routes(app)
         app.add_exception_handler(RequestValidationError, _request_validation_error)  # type: ignore[arg-type]
         # The edges (see .middleware), innermost first: Starlette wraps each added one around the previous.
-        app.add_middleware(BodyLimits, limit=self.max_message_chars, budget=self.budget)
-        app.add_middleware(WSRoute, context=self.ws_context)
+        app.add_middleware(BodyLimits, limit=self.settings.limits.max_message_bytes, budget=self.budget)
+        app.add_middleware(WSRoute, context=self.ws_context, routes=app.router.routes)
         if self.auth_token is not None:
             app.add_middleware(BearerAuth, token=self.auth_token)
         app.add_middleware(ErrorDetailsScope, choice=self.settings.error_details)
@@ -388,7 +381,7 @@ class HTTPEnvServer:
             try:  # before a session is taken: an invalid action costs no environment
                 action = deserialize_action(kwargs.pop("action"), server.action_cls)
             except Exception as exc:
-                return http_error(exc, "environment call failed")
+                return http_error(exc)
 
             async def run(session: Session) -> Any:
                 return _observation_response(StepResponse, await server.manager.step(session, action, kwargs))
@@ -431,7 +424,7 @@ class HTTPEnvServer:
             try:
                 return (await server._metadata_of_env()).model_dump()
             except Exception as exc:
-                return http_error(exc, "environment call failed")
+                return http_error(exc)
 
     def _register_task_routes(self, app: FastAPI) -> None:
         server = self
@@ -556,10 +549,9 @@ def create_app(
     """The app for an environment: what ``server/app.py`` of an environment package exports.
 
     Same signature as OpenEnv 0.10's ``create_app`` plus the keywords of
-    :class:`~.settings.ServerOptions`: ``step_timeout_s``, ``max_message_size_mb``,
-    ``worker_threads``, ``error_details``, ``auth_token`` and ``limits`` (see
-    :class:`HTTPEnvServer`). ``ENABLE_WEB_INTERFACE`` asks for the web
-    playground, which this release does not ship: a warning says so and the API is served alone.
+    :class:`~.settings.ServerOptions` (see :class:`HTTPEnvServer`). ``ENABLE_WEB_INTERFACE`` asks
+    for the web playground, which this release does not ship: a warning says so and the API is
+    served alone.
     """
     if os.environ.get("ENABLE_WEB_INTERFACE", "").lower() in ("1", "true", "yes"):
         logger.warning("ENABLE_WEB_INTERFACE is set but the web interface is not available; serving the API only")

@@ -41,7 +41,7 @@ from .mcp_types import (
 )
 from .serialization import dumps_json, parse_json
 from .sessions import Session, SessionKind, SessionManager
-from .types import Action
+from .types import Action, Observation
 
 logger = logging.getLogger("openenv.server")
 
@@ -58,11 +58,7 @@ _FAILED_TOOL = {"isError": True, "is_error": True, "structured_content": None, "
 
 
 class _RpcError(Exception):
-    def __init__(self, code: int, message: str, data: Any = None) -> None:
-        self.code = code
-        self.message = message
-        self.data = data
-        super().__init__(message)
+    """A JSON-RPC error to answer with; ``args`` are its code, message and (optionally) data."""
 
 
 def rpc_error(exc: BaseException, request_id: Any = None, what: str = "MCP request failed") -> JsonRpcResponse:
@@ -71,7 +67,7 @@ def rpc_error(exc: BaseException, request_id: Any = None, what: str = "MCP reque
     counts), ``data`` holding them and its ``/ws`` code; anything else as an internal error,
     worded by :func:`.error_details.describe`."""
     if isinstance(exc, _RpcError):
-        return JsonRpcResponse.error_response(exc.code, exc.message, exc.data, request_id)
+        return JsonRpcResponse.error_response(*exc.args, request_id=request_id)
     kind = kind_of(exc)
     if isinstance(exc, OpenEnvError) and kind is not EXECUTION:
         details = exc.details()
@@ -129,14 +125,12 @@ class MCPDispatcher:
         manager: SessionManager,
         action_cls: Type[Action],
         server_name: str,
-        server_version: str = "1.0.0",
-        max_message_chars: int = 32 * 1024 * 1024,
+        max_message_chars: int,
     ) -> None:
         self.manager = manager
         self.max_message_chars = max_message_chars
         self.action_cls = action_cls
         self.server_name = server_name
-        self.server_version = server_version
 
     async def dispatch(
         self,
@@ -271,7 +265,7 @@ class MCPDispatcher:
             return {
                 "protocolVersion": version,
                 "capabilities": {"tools": {"listChanged": False}},
-                "serverInfo": {"name": self.server_name, "version": self.server_version},
+                "serverInfo": {"name": self.server_name, "version": "1.0.0"},
             }
         if method == "ping":
             return {}
@@ -291,17 +285,18 @@ class MCPDispatcher:
         async with self.manager.temporary() as temporary:
             return await operation(temporary)
 
-    def _uses_mcp_actions(self) -> bool:
-        return self.action_cls in (CallToolAction, ListToolsAction)
+    async def _step_mcp_action(self, session: Session, action: Action) -> Observation:
+        """The answer of an environment that is no MCPEnvironment but takes MCP actions."""
+        if self.action_cls not in (CallToolAction, ListToolsAction):
+            raise _RpcError(JsonRpcErrorCode.INTERNAL_ERROR, "Environment does not support MCP")
+        return await self.manager.step(session, action)
 
     async def _list_tools(self, session: Session) -> Dict[str, Any]:
         assert session.traits is not None
         if session.traits.mcp:
             tools = await self.manager.call(session, "tools/list", None, lambda env: env.fastmcp_tools())
             return {"tools": [_tool_listing(t) for t in tools]}
-        if not self._uses_mcp_actions():
-            raise _RpcError(JsonRpcErrorCode.INTERNAL_ERROR, "Environment does not support MCP")
-        observation = await self.manager.step(session, ListToolsAction())
+        observation = await self._step_mcp_action(session, ListToolsAction())
         if not isinstance(observation, ListToolsObservation):
             raise _RpcError(
                 JsonRpcErrorCode.INTERNAL_ERROR, "Environment answered tools/list without a ListToolsObservation"
@@ -314,16 +309,12 @@ class MCPDispatcher:
             raise _RpcError(JsonRpcErrorCode.INVALID_PARAMS, "Missing 'name' in params")
         if not isinstance(name, str):
             raise _RpcError(JsonRpcErrorCode.INVALID_PARAMS, "'name' must be a string")
-        arguments = params.get("arguments")
-        if arguments is None:
-            arguments = {}
-        elif not isinstance(arguments, dict):
+        arguments = {} if params.get("arguments") is None else params["arguments"]
+        if not isinstance(arguments, dict):
             raise _RpcError(JsonRpcErrorCode.INVALID_PARAMS, "'arguments' must be an object")
         assert session.traits is not None
         if not session.traits.mcp:
-            if not self._uses_mcp_actions():
-                raise _RpcError(JsonRpcErrorCode.INTERNAL_ERROR, "Environment does not support MCP")
-            observation = await self.manager.step(session, CallToolAction(tool_name=name, arguments=arguments))
+            observation = await self._step_mcp_action(session, CallToolAction(tool_name=name, arguments=arguments))
             dump = observation.model_dump(mode="json")
             return _as_mcp_result(dump) if mcp_dialect else dump
 

@@ -13,7 +13,7 @@ import contextlib
 import inspect
 import logging
 from abc import abstractmethod
-from typing import Any, AsyncIterator, Callable, Dict, List, Optional
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple
 
 import pydantic
 
@@ -35,6 +35,7 @@ from ._compat.fastmcp import (
     ToolBodyError,
     body_error_message,
     masks_error_details,
+    registered_tool_names,
     tool_result_payload,
 )
 from .exceptions import EnvironmentCallError
@@ -69,6 +70,7 @@ def _default_pool() -> WorkerPool:
 
 
 _MODES = (None, "production", "simulation")
+_ModeTool = Tuple[FastMCPTool, Optional[DirectTool]]
 
 
 class ToolCallFailed(Exception):
@@ -79,35 +81,30 @@ class ToolCallFailed(Exception):
         super().__init__(error.message)
 
 
-def _classify(exc: BaseException, name: str) -> ToolError:
-    if isinstance(exc, fastmcp_errors.NotFoundError):
-        return ToolError(error_type=ToolErrorType.TOOL_NOT_FOUND, message=f"Unknown tool: '{name}'")
-    if isinstance(exc, (fastmcp_errors.ValidationError, pydantic.ValidationError)):
-        return ToolError(error_type=ToolErrorType.INVALID_ARGS, message=f"Invalid arguments for tool '{name}': {exc}")
-    return ToolError(error_type=ToolErrorType.EXECUTION_ERROR, message=str(exc) or type(exc).__name__)
-
-
 def _failure(exc: BaseException, name: str, mask: bool = False) -> ToolCallFailed:
-    """``mask``: the FastMCP server's ``mask_error_details`` (a directly called tool's failure
-    reads as FastMCP would word it)."""
+    """The failure of tool ``name`` that raised ``exc``; ``mask``: the FastMCP server's
+    ``mask_error_details`` (a directly called tool's failure reads as FastMCP would word it)."""
     if isinstance(exc, ToolCallFailed):
         return exc
-    if mask and isinstance(exc, EnvironmentCallError):  # SystemExit, CancelledError... of the tool
-        return ToolCallFailed(
-            ToolError(error_type=ToolErrorType.EXECUTION_ERROR, message=f"Error calling tool {name!r}")
-        )
-    if isinstance(exc, ToolBodyError):
+    error_type = ToolErrorType.EXECUTION_ERROR
+    if isinstance(exc, fastmcp_errors.NotFoundError):
+        error_type, message = ToolErrorType.TOOL_NOT_FOUND, f"Unknown tool: '{name}'"
+    elif isinstance(exc, (fastmcp_errors.ValidationError, pydantic.ValidationError)):
+        error_type, message = ToolErrorType.INVALID_ARGS, f"Invalid arguments for tool '{name}': {exc}"
+    elif isinstance(exc, ToolBodyError):
         message = body_error_message(exc, name, mask)
-        return ToolCallFailed(ToolError(error_type=ToolErrorType.EXECUTION_ERROR, message=message))
-    return ToolCallFailed(_classify(exc, name))
+    elif mask and isinstance(exc, EnvironmentCallError):  # SystemExit, CancelledError... of the tool
+        message = f"Error calling tool {name!r}"
+    else:
+        message = str(exc) or type(exc).__name__
+    return ToolCallFailed(ToolError(error_type=error_type, message=message))
 
 
 _HAS_CANCELLING = hasattr(asyncio.Task, "cancelling")  # Python 3.11+
 
 
 class _ToolCancelled(Exception):
-    """Python 3.10: a tool raised CancelledError without its task being cancelled; ``original``
-    is that CancelledError (reported as the tool's, under its own name and text)."""
+    """What :func:`_own_task` raises for a CancelledError the tool raised itself (``original``)."""
 
     def __init__(self, original: BaseException) -> None:
         super().__init__(str(original))
@@ -135,13 +132,13 @@ async def _own_task(coro: Any) -> Any:
     return inner.result()
 
 
-async def _no_exit(coro: Any, cancelled_by_us: Optional[List[bool]] = None) -> Any:
+async def _no_exit(coro: Any, cancelled_by_us: List[bool]) -> Any:
     try:
         return await coro
     except SystemExit as exc:  # raised in a task, it would stop the event loop
         raise EnvironmentCallError(exc) from exc
     except asyncio.CancelledError as exc:
-        if cancelled_by_us is None or cancelled_by_us:
+        if cancelled_by_us:
             raise
         raise _ToolCancelled(exc) from None  # the tool's own: keep its words
 
@@ -150,17 +147,6 @@ def _refuse_reserved(name: str) -> None:
     if name in RESERVED_TOOL_NAMES:
         message = f"Tool '{name}' has a reserved name: use the environment's own {name} instead"
         raise ToolCallFailed(ToolError(error_type=ToolErrorType.TOOL_NOT_FOUND, message=message))
-
-
-def _registered_tool_names(server: FastMCP) -> Optional[List[str]]:
-    """Tool names registered on the server, read without an event loop (None if unknown)."""
-    provider = getattr(server, "local_provider", None) or getattr(server, "_local_provider", None)
-    components = getattr(provider, "_components", None)
-    if not isinstance(components, dict):
-        return None
-    return [
-        key[len("tool:") :].split("@", 1)[0] for key in components if isinstance(key, str) and key.startswith("tool:")
-    ]
 
 
 def _check_names(names: List[str]) -> None:
@@ -186,12 +172,10 @@ class MCPEnvironment(Environment):
 
     def __init__(self, mcp_server: FastMCP, transform: Optional[Transform] = None) -> None:
         super().__init__(transform=transform)
-        names = _registered_tool_names(mcp_server)
-        if names is not None:
-            _check_names(names)
+        _check_names(registered_tool_names(mcp_server))
         self.mcp_server = mcp_server
-        self._mode_tools: Dict[str, Dict[str, FastMCPTool]] = {"production": {}, "simulation": {}}
-        self._direct_mode_tools: Dict[str, DirectTool] = {}
+        # per mode, each tool by name with its DirectTool where it can be called directly
+        self._mode_tools: Dict[str, Dict[str, _ModeTool]] = {"production": {}, "simulation": {}}
         self._has_mode_tools = False
         self._direct = DirectTools.of(mcp_server)
         self._mcp_client: Any = None
@@ -217,10 +201,8 @@ class MCPEnvironment(Environment):
                 self.mcp_server.tool(func, name=tool_name, description=description)
             else:
                 tool = FastMCPTool.from_function(func, name=tool_name, description=description)
-                self._mode_tools[mode][tool_name] = tool
+                self._mode_tools[mode][tool_name] = (tool, DirectTool(tool) if DirectTool.supports(tool) else None)
                 self._has_mode_tools = True
-                if DirectTool.supports(tool):
-                    self._direct_mode_tools[tool_name] = DirectTool(tool)
             return func
 
         return register(fn) if fn is not None else register
@@ -244,7 +226,7 @@ class MCPEnvironment(Environment):
 
     # --- listing and calling ------------------------------------------------------------------
 
-    def _visible_mode_tools(self) -> Dict[str, FastMCPTool]:
+    def _visible_mode_tools(self) -> Dict[str, _ModeTool]:
         mode = getattr(self, "_mode", None)
         mode = getattr(mode, "value", mode)
         return self._mode_tools.get(mode, {}) if isinstance(mode, str) else {}
@@ -257,7 +239,7 @@ class MCPEnvironment(Environment):
         if reserved:  # registered after __init__ checked the names: not offered (nor callable)
             logger.warning("not offering MCP tools with reserved names: %s", ", ".join(sorted(reserved)))
             tools = [t for t in tools if t.name not in RESERVED_TOOL_NAMES]
-        return tools + list(mode_tools.values())
+        return tools + [tool for tool, _ in mode_tools.values()]
 
     async def list_tools_async(self) -> List[Tool]:
         return [
@@ -279,24 +261,15 @@ class MCPEnvironment(Environment):
         failures raise :class:`ToolCallFailed`."""
         arguments = arguments or {}
         _refuse_reserved(name)
-        inline = self._inline_tool(name)
-        if inline is not None:  # runs to completion right here: no deadline could interrupt it
+        mode_tool = self._visible_mode_tools().get(name) if self._has_mode_tools else None
+        # (the server's tools are indexed, and cached() finds them, from their first call on)
+        direct = mode_tool[1] if mode_tool is not None else self._direct.cached(name)
+        if direct is not None and direct.inline:  # a sync tool declared to run on the loop: no deadline could stop it
             try:
-                return inline.payload(inline.validate_and_call(arguments))
+                return direct.payload(direct.validate_and_call(arguments))
             except Exception as exc:
-                raise _failure(exc, name, self._masks_errors()) from exc
+                raise _failure(exc, name, masks_error_details(self.mcp_server)) from exc
         return await self._guarded_call(name, arguments, timeout_s, as_payload=True)
-
-    def _masks_errors(self) -> bool:
-        return masks_error_details(self.mcp_server)
-
-    def _inline_tool(self, name: str) -> Optional[DirectTool]:
-        """The tool, when it is a known direct tool declared to run on the loop."""
-        if self._has_mode_tools and name in self._visible_mode_tools():
-            direct = self._direct_mode_tools.get(name)
-        else:
-            direct = self._direct.cached(name)
-        return direct if direct is not None and direct.inline else None
 
     async def _guarded_call(
         self, name: str, arguments: Dict[str, Any], timeout_s: Optional[float], as_payload: bool
@@ -311,23 +284,21 @@ class MCPEnvironment(Environment):
             if not _HAS_CANCELLING or asyncio.current_task().cancelling():  # type: ignore[union-attr]
                 raise  # a real cancellation (on 3.10 _own_task turned the tool's own into ToolCancelled)
             # The tool raised CancelledError itself (a cancelled inner task it awaited, say).
-            raise _failure(EnvironmentCallError(exc), name, self._masks_errors()) from exc
+            raise _failure(EnvironmentCallError(exc), name, masks_error_details(self.mcp_server)) from exc
         except (SystemExit, GeneratorExit, _ToolCancelled) as exc:  # the tool's (KeyboardInterrupt is the user's)
             raised = exc.original if isinstance(exc, _ToolCancelled) else exc
-            raise _failure(EnvironmentCallError(raised), name, self._masks_errors()) from exc
+            raise _failure(EnvironmentCallError(raised), name, masks_error_details(self.mcp_server)) from exc
         except Exception as exc:
             # Only this deadline is a TIMEOUT: a TimeoutError the tool raised is its own failure, and a
             # cancellation from outside (the server's step timeout, a client gone) is not caught here.
             if isinstance(exc, (TimeoutError, asyncio.TimeoutError)) and scope.expired():
                 message = f"Tool '{name}' timed out after {timeout:g} seconds"
                 raise ToolCallFailed(ToolError(error_type=ToolErrorType.TIMEOUT, message=message)) from None
-            raise _failure(exc, name, self._masks_errors()) from exc
+            raise _failure(exc, name, masks_error_details(self.mcp_server)) from exc
 
     async def _call_tool(self, name: str, arguments: Dict[str, Any], as_payload: bool) -> Any:
-        mode_tool = self._visible_mode_tools().get(name)
-        if mode_tool is not None:
-            direct = self._direct_mode_tools.get(name)
-        else:
+        mode_tool, direct = self._visible_mode_tools().get(name, (None, None))
+        if mode_tool is None:
             direct = await self._direct.get(name)
         if direct is not None:
             value = await direct.call(arguments, self._run_sync)
@@ -364,23 +335,6 @@ class MCPEnvironment(Environment):
                 self._abandoned_tool_call = job
             raise
 
-    async def _handle_list_tools_async(self) -> ListToolsObservation:
-        try:
-            tools = await self.list_tools_async()
-        except Exception as exc:
-            error = shown_errors.describe(exc, logger, "listing MCP tools failed")
-            return ListToolsObservation(tools=[], metadata={"error": error, "error_type": "list_tools_failed"})
-        return ListToolsObservation(tools=tools)
-
-    async def _handle_call_tool_async(
-        self, action: CallToolAction, timeout_s: Optional[float] = None
-    ) -> CallToolObservation:
-        try:
-            payload = await self.call_tool_payload(action.tool_name, action.arguments, timeout_s)
-        except ToolCallFailed as failure:
-            return CallToolObservation(tool_name=action.tool_name, error=failure.error)
-        return CallToolObservation(tool_name=action.tool_name, result=payload)
-
     async def _after_mcp_action(self, action: Action, observation: Observation) -> Observation:
         """Runs after every ``ListToolsAction`` / ``CallToolAction``: the rubric's score becomes
         the reward and the transform is applied. Override it for bookkeeping (and call super)."""
@@ -406,9 +360,21 @@ class MCPEnvironment(Environment):
 
     async def step_async(self, action: Action, timeout_s: Optional[float] = None, **kwargs: Any) -> Observation:
         if isinstance(action, ListToolsAction):
-            return await self._after_mcp_action(action, await self._handle_list_tools_async())
+            try:
+                observation: Observation = ListToolsObservation(tools=await self.list_tools_async())
+            except Exception as exc:
+                error = shown_errors.describe(exc, logger, "listing MCP tools failed")
+                observation = ListToolsObservation(
+                    tools=[], metadata={"error": error, "error_type": "list_tools_failed"}
+                )
+            return await self._after_mcp_action(action, observation)
         if isinstance(action, CallToolAction):
-            return await self._after_mcp_action(action, await self._handle_call_tool_async(action, timeout_s))
+            try:
+                payload = await self.call_tool_payload(action.tool_name, action.arguments, timeout_s)
+                observation = CallToolObservation(tool_name=action.tool_name, result=payload)
+            except ToolCallFailed as failure:
+                observation = CallToolObservation(tool_name=action.tool_name, error=failure.error)
+            return await self._after_mcp_action(action, observation)
         impl = self._step_impl
         if inspect.iscoroutinefunction(impl):
             return await impl(action, timeout_s=timeout_s, **kwargs)

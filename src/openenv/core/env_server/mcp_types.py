@@ -48,10 +48,7 @@ class JsonRpcError(BaseModel):
     @classmethod
     def from_code(cls, code: int, message: Optional[str] = None, data: Any = None) -> JsonRpcError:
         if message is None:
-            try:
-                message = _DEFAULT_ERROR_MESSAGES[JsonRpcErrorCode(code)]
-            except ValueError:
-                message = "Error"
+            message = _DEFAULT_ERROR_MESSAGES.get(code, "Error")
         return cls(code=int(code), message=message, data=data)
 
 

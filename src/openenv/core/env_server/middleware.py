@@ -1,15 +1,9 @@
 """The edges around the server's core: small ASGI middlewares that ``create_app`` composes.
 
-From the outside in (see :meth:`.http_server.HTTPEnvServer.register_routes`):
-
-* :class:`ErrorDetailsScope` decides, per request or connection, how much an error answer may
-  say of an environment's exception (:mod:`.error_details`);
-* :class:`BearerAuth` refuses requests and handshakes without the server's token (:mod:`.auth`);
-* :class:`.ws_endpoint.WSRoute` serves ``/ws`` itself;
-* :class:`BodyLimits` bounds HTTP request bodies (size, the server's budget of bytes in flight,
-  JSON nesting) before any route reads them.
-
-Each answers what it refuses by the error table of :mod:`.exceptions` (JSON-RPC errors on
+From the outside in (see :meth:`.http_server.HTTPEnvServer.register_routes`): :class:`ErrorDetailsScope`
+(:mod:`.error_details`), :class:`BearerAuth` (:mod:`.auth`), :class:`.ws_endpoint.WSRoute` (which
+serves ``/ws`` itself) and :class:`BodyLimits`, which bounds HTTP request bodies before any route
+reads them. Each answers what it refuses by the error table of :mod:`.exceptions` (JSON-RPC errors on
 ``/mcp``, ``{"detail", "code"}`` elsewhere) and passes everything else through untouched.
 """
 
@@ -78,12 +72,21 @@ class BearerAuth:
         if scope["type"] == "http":  # close: an unread body is not read on, nor the next request
             await _respond(send, "http", 401, content, (b"www-authenticate", b"Bearer"), (b"connection", b"close"))
             return
-        await receive()  # websocket.connect: the handshake to answer
-        if "websocket.http.response" in (scope.get("extensions") or {}):
-            await _respond(send, "websocket.http", 401, content, (b"www-authenticate", b"Bearer"))
-        else:  # a server without the extension: a close before accepting is its 403
-            await send({"type": "websocket.close", "code": 1008})
-        uvicorn_compat.end_refused_handshake(send)
+        await refuse_handshake(receive, send, scope, 401, content, (b"www-authenticate", b"Bearer"))
+
+
+async def refuse_handshake(
+    receive: Any, send: Any, scope: Dict[str, Any], status: int, content: Any, *headers: Tuple[bytes, bytes]
+) -> None:
+    """Answer a WebSocket handshake with an HTTP ``status`` and ``content`` as JSON, where the
+    server offers ASGI's ``websocket.http.response`` (uvicorn does); elsewhere a close before
+    accepting, which the server answers with 403. ``send`` must be the server's own (outermost)."""
+    await receive()  # websocket.connect: the handshake to answer
+    if "websocket.http.response" in (scope.get("extensions") or {}):
+        await _respond(send, "websocket.http", status, content, *headers)
+    else:
+        await send({"type": "websocket.close", "code": 1008})
+    uvicorn_compat.end_refused_handshake(send)
 
 
 class BodyLimits:

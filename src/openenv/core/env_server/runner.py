@@ -1,6 +1,6 @@
 """Running an environment app with uvicorn: in the foreground, or on a background thread.
 
-The runners apply the app's :class:`~.limits.ServerLimits` (those of an OpenEnv app, else the
+The runners apply the app's :class:`~.settings.ServerLimits` (those of an OpenEnv app, else the
 ones ``OPENENV_*`` sets) to the transport: uvicorn's WebSocket frame limit is the app's message
 limit, the WebSocket protocol of :mod:`._compat.uvicorn` refuses larger frames before buffering them
 and shares the app's budget of bytes in flight, and :mod:`._compat.uvicorn` guards each
@@ -10,6 +10,8 @@ connection (the header timeout and the per-client connection cap).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import os
 import socket
@@ -18,19 +20,19 @@ import time
 from typing import Any, Optional, Sequence, Tuple
 
 from ._compat import uvicorn as uvicorn_compat
-from .limits import InFlightBudget, ServerLimits
+from .limits import InFlightBudget
 from .settings import ServerSettings, tuned_gc
 
 
-def _limits_of(app: Any) -> Tuple[ServerLimits, Optional[InFlightBudget]]:
-    """The app's limits and its budget of bytes in flight; for an app that is not OpenEnv's, what
-    ``OPENENV_*`` says."""
+def _served(app: Any) -> Tuple[ServerSettings, Optional[InFlightBudget]]:
+    """The settings of an OpenEnv app and its budget of bytes in flight; for any other app, what
+    ``OPENENV_*`` says and a budget of its own."""
     server = getattr(getattr(app, "state", None), "openenv_server", None)
     settings = getattr(server, "settings", None)
     if isinstance(settings, ServerSettings):
-        return settings.limits, getattr(server, "budget", None)
-    limits = ServerLimits.from_env()
-    return limits, InFlightBudget(limits.max_inflight_bytes)
+        return settings, getattr(server, "budget", None)
+    settings = ServerSettings.resolve()
+    return settings, InFlightBudget(settings.limits.max_inflight_bytes)
 
 
 def uvicorn_config(
@@ -47,7 +49,8 @@ def uvicorn_config(
     connections (None when they are not guarded)."""
     import uvicorn
 
-    limits, budget = _limits_of(app)
+    settings, budget = _served(app)
+    limits = settings.limits
     options: dict = dict(
         host=host,
         port=port,
@@ -57,15 +60,14 @@ def uvicorn_config(
         lifespan="on",
         timeout_graceful_shutdown=5,
     )
-    ws = uvicorn_compat.OpenEnvWebSocketProtocol if uvicorn_compat.tested() else None
-    if ws is None:
+    if uvicorn_compat.tested():
+        options["ws"] = uvicorn_compat.OpenEnvWebSocketProtocol.bound(limits, budget)
+    else:
         _say_once(
             "serving WebSockets with uvicorn's own protocol (OPENENV_LIBRARY_INTERNALS=0, or an untested "
             "uvicorn/websockets release): an oversize frame closes the connection (1009), and the budget of "
             "bytes in flight and the bound on unread bytes do not apply to WebSocket frames"
         )
-    if ws is not None:
-        options["ws"] = ws.bound(limits, budget)
     options.update(overrides)
     table = None
     if (
@@ -96,14 +98,10 @@ def uvicorn_config(
     return config
 
 
-_SAID: set = set()
-
-
+@functools.cache  # once per message
 def _say_once(message: str) -> None:
     """Log a warning about how this process serves, once."""
-    if message not in _SAID:
-        _SAID.add(message)
-        logging.getLogger("openenv.server").warning(message)
+    logging.getLogger("openenv.server").warning(message)
 
 
 def run_server(
@@ -126,13 +124,7 @@ def owned_process_gc(app: Any) -> Any:
     """The garbage-collector tuning of a process OpenEnv's runner owns (see
     :func:`.settings.tuned_gc`): on unless ``OPENENV_GC_TUNING`` says otherwise; an app that was
     told to tune (``OPENENV_GC_TUNING=1``) does it itself while it is served."""
-    server = getattr(getattr(app, "state", None), "openenv_server", None)
-    settings = getattr(server, "settings", None)
-    if isinstance(settings, ServerSettings):
-        choice = settings.gc_tuning
-    else:
-        choice = ServerSettings.resolve().gc_tuning
-    return tuned_gc(choice is None)
+    return tuned_gc(_served(app)[0].gc_tuning is None)
 
 
 def serve_main(app: Any, description: str, argv: Optional[Sequence[str]] = None) -> None:
@@ -176,14 +168,13 @@ class BackgroundServer:
         import uvicorn
 
         self._uds = uds
+        self.host, self.port = host, 0
         self._socket: Optional[socket.socket] = None
-        if uds is None:
+        if uds is None:  # bound here, so that port 0's pick is known before the server starts
             self._socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
             self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self._socket.bind((host, port))
-            self.host, self.port = host, self._socket.getsockname()[1]
-        else:
-            self.host, self.port = host, 0
+            self.port = self._socket.getsockname()[1]
         config = uvicorn_config(app, host=host, port=self.port, uds=uds, log_level=log_level, **overrides)
         self.server = uvicorn.Server(config)
         # asyncio's own loop unless a loop is asked for by name ("uvloop", "asyncio", "auto").
@@ -243,10 +234,8 @@ class BackgroundServer:
             self._socket.close()
             self._socket = None
         if self._uds is not None:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._uds)
-            except FileNotFoundError:
-                pass
 
     def __enter__(self) -> BackgroundServer:
         return self.start()

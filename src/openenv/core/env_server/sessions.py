@@ -28,6 +28,7 @@ import dataclasses
 import functools
 import inspect
 import logging
+import operator
 import sys
 import time
 import uuid
@@ -70,6 +71,7 @@ when the server has no step timeout (with one, it waits up to that)."""
 MCP_ACTIONS = ("list_tools", "call_tool")
 """Action types an MCP environment answers on the event loop, whatever its other steps do."""
 _STEP_POSITIONAL = frozenset({"self", "action"})
+_read_state = operator.attrgetter("state")
 
 
 class SessionState(str, Enum):
@@ -230,16 +232,7 @@ class EnvTraits:
         return {k: v for k, v in kwargs.items() if k in accepted}
 
 
-@functools.cache
-def env_traits(cls: type) -> EnvTraits:
-    return EnvTraits(cls)
-
-
-def env_class_of(factory: Any) -> Optional[type]:
-    """The class a factory builds, when that can be told without calling it."""
-    while isinstance(factory, functools.partial):
-        factory = factory.func
-    return factory if isinstance(factory, type) else None
+env_traits = functools.cache(EnvTraits)  # one EnvTraits per class
 
 
 class SessionManager:
@@ -251,7 +244,6 @@ class SessionManager:
         *,
         max_sessions: int = 1,
         session_timeout_s: Optional[float] = None,
-        detached_session_timeout_s: Optional[float] = DEFAULT_DETACHED_SESSION_TIMEOUT_S,
         step_timeout_s: Optional[float] = None,
         worker_threads: Optional[int] = None,
         attached_idle_timeout_s: Optional[float] = None,
@@ -264,22 +256,22 @@ class SessionManager:
         self._factory = factory
         self.factory_name = getattr(factory, "__name__", None) or type(factory).__name__
         self.max_sessions = max_sessions
-        self.session_timeout_s = session_timeout_s
-        self.detached_session_timeout_s = detached_session_timeout_s
+        self.session_timeout_s = DEFAULT_DETACHED_SESSION_TIMEOUT_S if session_timeout_s is None else session_timeout_s
         self.attached_idle_timeout_s = attached_idle_timeout_s or None
         self._reaped: OrderedDict[str, str] = OrderedDict()  # id -> why it was closed
         self.step_timeout_s = step_timeout_s or None
-        self.env_cls = env_class_of(factory)
+        built = factory  # the class the factory builds, when that can be told without calling it
+        while isinstance(built, functools.partial):
+            built = built.func
+        self.env_cls = built if isinstance(built, type) else None
         if self.env_cls is not None:
             self._check_concurrency(self.env_cls)
-        single = bool(getattr(self.env_cls, "REQUIRES_SINGLE_THREAD_EXECUTOR", False))
-        if not worker_threads:
-            worker_threads = min(max_sessions + 1, 16)
         # One thread and no replacement for an environment that needs a single thread: while a
         # call that was given up on still runs, other calls wait for that thread.
-        self.pool = WorkerPool(
-            1 if single else worker_threads, name="openenv-env", batch=sched_batch, max_stuck=0 if single else None
-        )
+        if getattr(self.env_cls, "REQUIRES_SINGLE_THREAD_EXECUTOR", False):
+            self.pool = WorkerPool(1, name="openenv-env", batch=sched_batch, max_stuck=0)
+        else:
+            self.pool = WorkerPool(worker_threads or min(max_sessions + 1, 16), name="openenv-env", batch=sched_batch)
         self._sessions: Dict[str, Session] = {}
         self._temporary_slots = asyncio.Semaphore(max_sessions)
         self._background: Set[asyncio.Task] = set()
@@ -422,8 +414,7 @@ class SessionManager:
         if session.state in (SessionState.CLOSING, SessionState.CLOSED):
             return
         session.transition(SessionState.CLOSING)
-        if self._sessions.get(session.id) is session:
-            del self._sessions[session.id]
+        self._sessions.pop(session.id, None)
         await asyncio.shield(self._spawn(self._close_session(session)))
 
     async def _close_session(self, session: Session) -> None:
@@ -441,9 +432,7 @@ class SessionManager:
         after a sync MCP tool call given up on that still runs on it."""
         if job is None or job.done:
             job = getattr(env, "_abandoned_tool_call", None)
-            if not isinstance(job, Job):
-                job = None
-        if job is not None and not job.done:
+        if isinstance(job, Job) and not job.done:
             self._awaiting_return.add(job)  # shutdown() waits for it
 
             def returned() -> None:
@@ -490,13 +479,11 @@ class SessionManager:
 
     @contextlib.asynccontextmanager
     async def temporary(self) -> AsyncIterator[Session]:
-        """A throw-away session for one stateless HTTP call (bounded, never counted as a slot).
-
-        At most ``max_sessions`` run at once; a call waits for its turn up to the step timeout (or
-        ``TEMPORARY_WAIT_S``), then is refused with SessionCapacityError rather than queue forever
-        behind slow ones."""
+        """A throw-away session for one stateless HTTP call, never counted as a slot. At most
+        ``max_sessions`` run at once; one that waits past :data:`TEMPORARY_WAIT_S` for its turn is
+        refused with SessionCapacityError rather than queue forever behind slow ones."""
         slots = self._temporary_slots
-        wait = self.step_timeout_s if self.step_timeout_s is not None else TEMPORARY_WAIT_S
+        wait = self.step_timeout_s or TEMPORARY_WAIT_S
         try:
             await within(slots.acquire(), wait)
         except asyncio.TimeoutError:
@@ -628,42 +615,34 @@ class SessionManager:
         sync = (lambda env: env.step(action, **kwargs)) if kwargs else (lambda env: env.step(action))
         return self.call(session, "step", sync, step=True, inline=traits.on_loop)
 
-    async def state(self, session: Session) -> Any:
+    def state(self, session: Session) -> Awaitable[Any]:
         # ``state`` is a plain property even on async environments and may block (read a file, ask
         # a subprocess): it is read in the pool, under the step timeout, never on the loop, unless
         # the environment opted in to RUNS_ON_EVENT_LOOP.
         traits = session.traits
-        return await self.call(session, "state", _read_state, inline=traits is not None and traits.on_loop)
+        return self.call(session, "state", _read_state, inline=traits is not None and traits.on_loop)
 
     # --- idle reaping and shutdown ----------------------------------------------------------
 
-    def _idle_limit(self) -> Optional[float]:
-        """How long a session with no socket attached may stay idle (None: for ever)."""
-        return self.session_timeout_s if self.session_timeout_s is not None else self.detached_session_timeout_s
-
     def _ensure_reaper(self) -> None:
-        limits = [limit for limit in (self._idle_limit(), self.attached_idle_timeout_s) if limit is not None]
-        if (self._reaper is None or self._reaper.done()) and limits and not self._closed:
-            self._reaper = asyncio.get_running_loop().create_task(self._reap_forever(min(limits)))
+        if (self._reaper is None or self._reaper.done()) and not self._closed:
+            self._reaper = asyncio.get_running_loop().create_task(self._reap_forever())
 
-    async def _reap_forever(self, shortest: float) -> None:
+    async def _reap_forever(self) -> None:
+        shortest = min(self.session_timeout_s, self.attached_idle_timeout_s or self.session_timeout_s)
         interval = max(0.05, min(shortest / 4, 5.0))
         while True:
             await asyncio.sleep(interval)
             await self.reap_idle()
 
-    async def reap_idle(self, limit: Optional[float] = None) -> int:
-        """Destroy sessions idle longer than their limit: ``limit`` (default: the detached limit)
-        for those with no socket attached, ``attached_idle_timeout_s`` for the others. A session
-        whose call still runs is left alone. Returns how many were closed."""
-        detached = self._idle_limit() if limit is None else limit
-        attached = self.attached_idle_timeout_s
+    async def reap_idle(self) -> int:
+        """Destroy the sessions idle past their limit (see the module docstring); returns how many."""
         now = time.time()
         idle = []
         for s in self._sessions.values():
             if s.state is not SessionState.READY or s.lock.locked():
                 continue
-            bound = attached if s.attached else detached
+            bound = self.attached_idle_timeout_s if s.attached else self.session_timeout_s
             if bound is not None and s.last_activity_at < now - bound:
                 idle.append((s, bound))
         for session, bound in idle:
@@ -712,10 +691,6 @@ class SessionManager:
                 CLOSE_TIMEOUT_S,
             )
         self.pool.shutdown()
-
-
-def _read_state(env: Any) -> Any:
-    return env.state
 
 
 async def _with_timeout(awaitable: Any, timeout: Optional[float], operation: str) -> Any:

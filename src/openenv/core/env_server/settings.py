@@ -9,35 +9,51 @@ An environment package's ``server/app.py`` states its defaults in code; whoever 
 them without editing it (``openenv serve --max-sessions 8`` sets ``OPENENV_MAX_SESSIONS``). A value
 that does not parse is refused with a ``ValueError`` that names the variable and says what it takes.
 
-=====================================  ==========  ===============================================
-variable                               default     meaning
-=====================================  ==========  ===============================================
-``OPENENV_MODE``                       simulation  ``simulation`` or ``production`` (no HTTP
-                                                   reset/step/state)
-``OPENENV_MAX_SESSIONS``               1           concurrent sessions (``max_concurrent_envs``)
-``OPENENV_STEP_TIMEOUT_S``             none        bound on every reset/step/state/tool call
-                                                   (0: none)
-``OPENENV_WORKER_THREADS``             auto        threads for sync environments (0: sessions + 1,
-                                                   at most 16)
-``OPENENV_ERROR_DETAILS``              auto        ``1``/``0``/``auto``: whether error answers carry
-                                                   an environment exception's text (see
-                                                   :mod:`.error_details`)
-``OPENENV_AUTH_TOKEN``                 none        bearer token every route but ``/health`` needs
-``OPENENV_MAX_MESSAGE_MB`` and the     see         what clients may make the server hold
-other limits                           :mod:`.limits`
-``OPENENV_LIBRARY_INTERNALS``          1           ``0``: serve through uvicorn's, websockets' and
-                                                   FastMCP's public APIs only (see
-                                                   :mod:`._compat`): slower, and without the
-                                                   limits that need their internals
-``OPENENV_GC_TUNING``                  runner's    ``1``/``0``: freeze start-up objects out of
-                                                   garbage collection and collect less often
-                                                   while serving. Unset: on where OpenEnv's runner
-                                                   owns the process (``run_server``,
-                                                   ``serve_main``, ``openenv serve``), off for an
-                                                   app served any other way
-``OPENENV_SCHED_BATCH``                0           ``1``: run the worker threads (and what a step
-                                                   starts) under Linux's ``SCHED_BATCH`` policy
-=====================================  ==========  ===============================================
+======================================  ==========  ============================================================
+variable                                default     meaning
+======================================  ==========  ============================================================
+``OPENENV_MODE``                        simulation  ``simulation`` or ``production`` (no HTTP reset/step/state)
+``OPENENV_MAX_SESSIONS``                1           concurrent sessions (``max_concurrent_envs``)
+``OPENENV_STEP_TIMEOUT_S``              none        bound on every reset/step/state/tool call (0: none)
+``OPENENV_WORKER_THREADS``              auto        threads for sync environments (0: sessions + 1, at most 16)
+``OPENENV_ERROR_DETAILS``               auto        ``1``/``0``/``auto``: whether error answers carry an
+                                                    environment exception's text (see :mod:`.error_details`)
+``OPENENV_AUTH_TOKEN``                  none        bearer token every route but ``/health`` needs
+``OPENENV_LIBRARY_INTERNALS``           1           ``0``: serve through uvicorn's, websockets' and FastMCP's
+                                                    public APIs only (see :mod:`._compat`): slower, and without
+                                                    the limits that need their internals
+``OPENENV_GC_TUNING``                   runner's    ``1``/``0``: freeze start-up objects out of garbage
+                                                    collection and collect less often while serving. Unset: on
+                                                    where OpenEnv's runner owns the process (``run_server``,
+                                                    ``serve_main``, ``openenv serve``), off for an app served
+                                                    any other way
+``OPENENV_SCHED_BATCH``                 0           ``1``: run the worker threads (and what a step starts) under
+                                                    Linux's ``SCHED_BATCH`` policy
+``OPENENV_MAX_MESSAGE_MB``              32          a frame or request body; the transport refuses a larger
+                                                    frame before it is buffered (``MESSAGE_TOO_LARGE``)
+``OPENENV_MAX_INFLIGHT_MB``             4 x above   large frames being received, large request bodies and
+                                                    inflated compressed frames, all clients together
+                                                    (``SERVER_BUSY`` / HTTP 503)
+``OPENENV_HEADER_TIMEOUT_S``            10          a connection without a request under way (before its first
+                                                    request head or WebSocket handshake is complete, and between
+                                                    requests) is closed after this
+``OPENENV_MAX_CONNECTIONS_PER_CLIENT``  256         open connections from one remote client address
+``OPENENV_MAX_LOCAL_CONNECTIONS``       0           open connections from this machine (loopback and Unix-socket
+                                                    peers together: a trainer's own rollouts)
+``OPENENV_SESSION_IDLE_TIMEOUT_S``      600         a session with a socket attached that no call has used for
+                                                    this long is closed; its next call is told why
+``OPENENV_MAX_UNSENT_MB``               64          what the server holds unsent for a client that does not read
+                                                    (pongs, answers); beyond it the client is dropped
+======================================  ==========  ============================================================
+
+The limits (``OPENENV_MAX_MESSAGE_MB`` and the rows below it) are one object, :class:`ServerLimits`:
+built in code (``create_app(..., limits=...)``) or read from their variables (``from_env``), and
+handed by the app to the runner (:mod:`.runner`) and the transport. ``0`` turns a limit off, but for
+the message limit. Their defaults suit a trainer that waits minutes for its model between two steps.
+A forwarder in front of the server (``openenv serve`` relays TCP to the server's Unix socket, a
+reverse proxy on this machine) makes every client it relays look local: the front must bound its
+own clients. ``openenv serve``'s forwarder applies ``OPENENV_MAX_CONNECTIONS_PER_CLIENT`` to the
+remote addresses it accepts.
 
 Variables read elsewhere, by other parts: ``OPENENV_CLIENT_MODE`` (clients),
 ``OPENENV_SANDBOX_CONFIG`` (the sandbox runtime).
@@ -50,13 +66,13 @@ import dataclasses
 import gc
 import math
 import os
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional, Tuple
 
 from typing_extensions import TypedDict
 
-from .limits import ServerLimits, limits_from_env
 from .types import ServerMode
 
+_MIB = 1024 * 1024
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
@@ -88,14 +104,21 @@ def _count(minimum: int) -> Callable[[str], int]:
     return parse
 
 
-def _seconds_or_none(raw: str) -> Optional[float]:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError("must be a number of seconds (0: no timeout)") from None
-    if not math.isfinite(value) or value < 0:
-        raise ValueError("must be a finite number of seconds, at least 0 (0: no timeout)")
-    return value or None
+def _amount(unit: str, zero: Optional[str] = "0 turns the limit off") -> Callable[[str], float]:
+    """A parser of a finite number of ``unit``: at least 0 (``zero`` says what 0 means), or more
+    than 0 where ``zero`` is None."""
+
+    def parse(raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < 0 or (zero is None and value == 0):
+            least = "more than 0" if zero is None else f"at least 0 ({zero})"
+            raise ValueError(f"must be a finite number of {unit}, {least}")
+        return value
+
+    return parse
 
 
 def _mode(raw: str) -> ServerMode:
@@ -105,30 +128,47 @@ def _mode(raw: str) -> ServerMode:
         raise ValueError("must be one of " + ", ".join(m.value for m in ServerMode)) from None
 
 
+_TIMEOUT = _amount("seconds", "0: no timeout")
+
 _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "mode": _mode,
     "max_sessions": _count(1),
-    "step_timeout_s": _seconds_or_none,
+    "step_timeout_s": lambda raw: _TIMEOUT(raw) or None,
     "worker_threads": _count(0),
     "error_details": _auto_boolean,
     "auth_token": str,
     "library_internals": _boolean,
     "gc_tuning": _boolean,
     "sched_batch": _boolean,
+    # the fields of ServerLimits, read by ServerLimits.from_env
+    "max_message_mb": _amount("MiB", None),  # the largest frame accepted
+    "max_inflight_mb": _amount("MiB"),
+    "header_timeout_s": _amount("seconds"),
+    "max_connections_per_client": _count(0),
+    "max_local_connections": _count(0),
+    "session_idle_timeout_s": _amount("seconds"),
+    "max_unsent_mb": _amount("MiB"),
 }
+"""How each field's ``OPENENV_<FIELD>`` variable is parsed."""
 
-
-_SERVER_FIELDS = tuple(field for field in _PARSERS if field != "library_internals")
-
-
-def variable_of(field: str) -> str:
-    return "OPENENV_" + field.upper()
+_ARGUMENTS: Mapping[str, Tuple[Tuple[type, ...], str]] = {
+    "mode": ((str,), "a ServerMode or its name"),  # a ServerMode is a str
+    "max_sessions": ((int,), "an int"),
+    "step_timeout_s": ((int, float), "a number"),
+    "worker_threads": ((int,), "an int"),
+    "error_details": ((bool,), "True, False"),
+    "auth_token": ((str,), "a str"),
+    "gc_tuning": ((bool,), "True, False"),
+    "sched_batch": ((bool,), "True, False"),
+}
+"""The fields :meth:`ServerSettings.resolve` takes as arguments: the types each may have, in code
+and in words."""
 
 
 def read(environ: Mapping[str, str], field: str) -> Any:
     """The value of ``field``'s variable in ``environ`` (``dataclasses.MISSING`` when unset or
     blank); a ``ValueError`` naming the variable when it does not parse."""
-    name = variable_of(field)
+    name = "OPENENV_" + field.upper()
     raw = environ.get(name, "").strip()
     if not raw:
         return dataclasses.MISSING
@@ -136,6 +176,72 @@ def read(environ: Mapping[str, str], field: str) -> Any:
         return _PARSERS[field](raw)
     except ValueError as exc:
         raise ValueError(f"{name} {exc}, got {raw!r}") from None
+
+
+def check_argument(field: str, value: Any) -> Any:
+    """An argument given in code for ``field``, checked as strictly as its variable would be: of
+    the field's type, then parsed as the variable's text would be."""
+    types, words = _ARGUMENTS[field]
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):  # True is an int too
+        raise TypeError(f"{field} must be {words} or None, got {type(value).__name__}")
+    try:
+        return _PARSERS[field](value if isinstance(value, str) else str(value))
+    except ValueError as exc:
+        raise ValueError(f"{field} {exc}, got {value!r}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerLimits:
+    """The limits of the module docstring's table (each field its variable's name in lower case,
+    less ``OPENENV_``), sizes in MiB and times in seconds; invalid values raise ``ValueError``
+    naming the field."""
+
+    max_message_mb: float = 32.0
+    max_inflight_mb: Optional[float] = None
+    header_timeout_s: float = 10.0
+    max_connections_per_client: int = 256
+    max_local_connections: int = 0
+    session_idle_timeout_s: float = 600.0
+    max_unsent_mb: float = 64.0
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if value is None and field.name == "max_inflight_mb":  # 4 x max_message_mb
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"ServerLimits.{field.name} must be a number, got {value!r}")
+            try:
+                _PARSERS[field.name](str(value))  # as strictly as its variable
+            except ValueError as exc:
+                raise ValueError(f"ServerLimits.{field.name} {exc}, got {value!r}") from None
+
+    @classmethod
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None, **fields: Any) -> ServerLimits:
+        """The limits ``OPENENV_*`` sets (``environ``: ``os.environ``) over ``fields`` (keyword
+        arguments that are not None) over the defaults: a variable that is set wins, as for every
+        setting."""
+        env = os.environ if environ is None else environ
+        values = {name: value for name, value in fields.items() if value is not None}
+        for field in dataclasses.fields(cls):
+            value = read(env, field.name)
+            if value is not dataclasses.MISSING:
+                values[field.name] = value
+        return cls(**values)
+
+    @property
+    def max_message_bytes(self) -> int:
+        return int(self.max_message_mb * _MIB)
+
+    @property
+    def max_inflight_bytes(self) -> Optional[int]:
+        """None: no budget."""
+        mb = 4 * self.max_message_mb if self.max_inflight_mb is None else self.max_inflight_mb
+        return int(mb * _MIB) or None
+
+    @property
+    def max_unsent_bytes(self) -> Optional[int]:
+        return int(self.max_unsent_mb * _MIB) or None
 
 
 class ServerOptions(TypedDict, total=False):
@@ -162,7 +268,6 @@ class ServerSettings:
     auth_token: Optional[str] = None
     limits: ServerLimits = dataclasses.field(default_factory=ServerLimits)
     gc_tuning: Optional[bool] = None
-    """None: on where OpenEnv's runner owns the process (see :func:`tuned_gc`), else off."""
     sched_batch: bool = False
 
     @classmethod
@@ -179,48 +284,24 @@ class ServerSettings:
         ``max_message_size_mb`` are the app's own limits, each ``OPENENV_*`` limit overriding its
         field."""
         env = os.environ if environ is None else environ
-        unknown = set(arguments) - set(_SERVER_FIELDS)
+        unknown = set(arguments) - set(_ARGUMENTS)
         if unknown:
             raise TypeError(f"unknown server setting(s): {', '.join(sorted(unknown))}")
         library_internals_enabled(env)  # process-wide, read where it is used; refused here if bad
         values: dict = {}
-        for field in _SERVER_FIELDS:
+        for field in _ARGUMENTS:
             value = read(env, field)
             if value is dataclasses.MISSING:
                 value = arguments.get(field)
                 if value is None:
                     continue
-                value = _checked_argument(field, value)
+                value = check_argument(field, value)
             values[field] = value
-        base = limits if limits is not None else ServerLimits()
+        own = dataclasses.asdict(limits) if limits is not None else {}
         if max_message_size_mb is not None:
-            base = base.replace(max_message_mb=max_message_size_mb)
-        values["limits"] = limits_from_env(env, base)
+            own["max_message_mb"] = max_message_size_mb
+        values["limits"] = ServerLimits.from_env(env, **own)
         return cls(**values)
-
-
-def _checked_argument(field: str, value: Any) -> Any:
-    """An argument given in code, checked as strictly as its variable would be."""
-    if field == "mode":
-        return value if isinstance(value, ServerMode) else _mode(str(value))
-    if field == "step_timeout_s":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise ValueError(f"step_timeout_s must be a finite number of seconds >= 0, got {value!r}")
-        return float(value) or None
-    if field in ("max_sessions", "worker_threads"):
-        minimum = 1 if field == "max_sessions" else 0
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{field} must be a whole number >= {minimum}, got {value!r}")
-        return value
-    if field == "error_details":
-        if not isinstance(value, bool):
-            raise TypeError(f"error_details must be True, False or None, got {value!r}")
-        return value
-    if field == "auth_token" and not isinstance(value, str):
-        raise TypeError(f"auth_token must be a str, got {type(value).__name__}")
-    if field in ("gc_tuning", "sched_batch") and not isinstance(value, bool):
-        raise TypeError(f"{field} must be True or False, got {value!r}")
-    return value
 
 
 @contextlib.contextmanager

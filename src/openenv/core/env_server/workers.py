@@ -49,24 +49,15 @@ class Job:
         "done",
         "fn",
         "future",
-        "pool",
         "returned",
         "started",
     )
 
-    def __init__(
-        self,
-        fn: Callable[..., Any],
-        args: tuple,
-        future: asyncio.Future,
-        delivery: _Delivery,
-        pool: WorkerPool,
-    ) -> None:
+    def __init__(self, fn: Callable[..., Any], args: tuple, future: asyncio.Future, delivery: _Delivery) -> None:
         self.fn = fn
         self.args = args
         self.future = future
         self.delivery = delivery
-        self.pool = pool
         self.started = False  # written by the worker, False -> True only
         self.returned: Optional[tuple] = None  # the worker's (ok, value), kept even if the future was cancelled
         # The rest is only touched on the loop's thread: no locks needed.
@@ -98,7 +89,6 @@ class Job:
 
     def _finish(self) -> None:
         self.done = True
-        self.pool._inflight -= 1
         ok, value = self.returned  # type: ignore[misc]
         fut = self.future
         if not fut.done():
@@ -136,10 +126,11 @@ def _wake_fds() -> Optional[Tuple[int, int]]:
 class _Delivery:
     """Hands finished calls back to one event loop, one wake-up for however many finished meanwhile."""
 
-    __slots__ = ("_lock", "_read_fd", "_write_fd", "closing", "finished", "loop", "pending", "scheduled")
+    __slots__ = ("_lock", "_read_fd", "_write_fd", "closing", "finished", "loop", "pending", "pool", "scheduled")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, pool: WorkerPool) -> None:
         self.loop = loop
+        self.pool = pool
         self.finished: Deque[Job] = collections.deque()
         self.scheduled = False
         self.pending = 0  # calls submitted and not yet handed back (loop thread only)
@@ -190,6 +181,7 @@ class _Delivery:
         while finished:
             job = finished.popleft()
             self.pending -= 1
+            self.pool._inflight -= 1
             try:
                 job._finish()
             except Exception:  # a done-callback failed; the other calls still get their results
@@ -292,7 +284,7 @@ class WorkerPool:
             raise RuntimeError("worker pool is shut down")
         loop = asyncio.get_running_loop()
         delivery = self._delivery(loop)
-        job = Job(fn, args, loop.create_future(), delivery, self)
+        job = Job(fn, args, loop.create_future(), delivery)
         delivery.pending += 1
         self._inflight += 1
         self._queue.put(job)
@@ -308,7 +300,7 @@ class WorkerPool:
                 if old.loop.is_closed():
                     del self._deliveries[key]
                     old.close()
-            delivery = self._deliveries[id(loop)] = _Delivery(loop)
+            delivery = self._deliveries[id(loop)] = _Delivery(loop, self)
         return delivery
 
     def _spawn(self) -> None:

@@ -17,15 +17,16 @@ import json
 import logging
 import urllib.parse
 from enum import Enum
-from typing import Any, Deque, Dict, FrozenSet, Optional, Set
+from typing import Any, Deque, Dict, FrozenSet, Optional, Sequence, Set
 
 import pydantic
+from starlette.routing import Match
 
 from . import error_details as shown_errors
 from .exceptions import EXECUTION, VALIDATION, MessageTooLargeError, OpenEnvError, kind_of
 from .mcp_endpoint import MCPDispatcher, parse_request
 from .mcp_types import JsonRpcResponse, WSMCPMessage, request_id_of
-from .middleware import route_path
+from .middleware import refuse_handshake, route_path
 from .serialization import (
     WS_ENVELOPE_KEYS,
     deserialize_action,
@@ -132,15 +133,25 @@ class WSContext:
 
 class WSRoute:
     """ASGI middleware serving ``/ws`` itself, ahead of the framework's routing and exception
-    wrappers (they would add a layer to every frame sent); everything else passes through."""
+    wrappers (they would add a layer to every frame sent); everything else passes through, but a
+    WebSocket handshake to a path none of ``routes`` (the app's) takes gets a 404 that says so.
+    (Starlette's own answer is a close before accepting, which reaches the client as a 403, the
+    status of a refused token.)"""
 
-    def __init__(self, app: Any, context: WSContext) -> None:
+    def __init__(self, app: Any, context: WSContext, routes: Sequence[Any] = ()) -> None:
         self.app = app
         self.context = context
+        self.routes = routes
 
     async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "websocket" and route_path(scope) == "/ws":
+        if scope["type"] != "websocket":
+            await self.app(scope, receive, send)
+        elif route_path(scope) == "/ws":
             await WSConnection(self.context, scope, receive, send).run()
+        elif self.routes and not any(route.matches(scope)[0] is not Match.NONE for route in self.routes):
+            path = route_path(scope)
+            detail = f"no WebSocket route at {path}: this server's are /ws and /mcp, under its base URL"
+            await refuse_handshake(receive, send, scope, 404, {"detail": detail, "code": "NOT_FOUND"})
         else:
             await self.app(scope, receive, send)
 

@@ -1,4 +1,5 @@
-"""Everything that relies on FastMCP's internals: calling its function tools directly.
+"""Everything that relies on FastMCP's internals: calling its function tools directly, and reading
+the names of its registered tools without an event loop.
 
 ``FastMCP.call_tool`` runs every call through provider lookup, middleware and context set-up, and
 runs sync tools through AnyIO's thread pool: about 200 µs a call. For a plain function tool the
@@ -18,14 +19,15 @@ What it relies on, besides FastMCP's public API: the server's ``local_provider``
 the first value of each type). Used only on the FastMCP majors in :data:`TESTED_MAJORS` with
 ``OPENENV_LIBRARY_INTERNALS`` not ``0`` (:func:`tested`). Tools declared for one server mode
 (``MCPEnvironment.tool(mode=...)``) are called directly either way: that needs only public
-attributes of ``FunctionTool``.
+attributes of ``FunctionTool``. :func:`registered_tool_names` (for MCPEnvironment's check of
+reserved names) reads ``_components`` whatever the version, and finds no names where it is not a dict.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Awaitable, Callable, Dict, Optional
+from typing import Any, Awaitable, Callable, Dict, List, Optional
 
 import fastmcp as _fastmcp
 import pydantic
@@ -64,6 +66,21 @@ def tested() -> bool:
 
 
 _TESTED = tested()
+
+
+def _local_provider(server: Any) -> Any:
+    return getattr(server, "local_provider", None) or getattr(server, "_local_provider", None)
+
+
+def registered_tool_names(server: Any) -> List[str]:
+    """The names of the tools registered on ``server``, read without an event loop (none where
+    they cannot be read)."""
+    components = getattr(_local_provider(server), "_components", None)
+    if not isinstance(components, dict):
+        return []
+    return [
+        key[len("tool:") :].split("@", 1)[0] for key in components if isinstance(key, str) and key.startswith("tool:")
+    ]
 
 
 def masks_error_details(server: Any) -> bool:
@@ -217,16 +234,15 @@ class DirectTool:
         both ways, came out the same."""
         kind = type(value)
         agrees = self.verified.get(kind)
-        if agrees is None:
-            fast = _plain_payload(self.tool, value) if kind in _PLAIN_TYPES else None
-            agrees = self.verified[kind] = fast is not None and fast == tool_result_payload(
-                self.tool.convert_result(value)
-            )
         if agrees:
             fast = _plain_payload(self.tool, value)
             if fast is not None:
                 return fast
-        return tool_result_payload(self.tool.convert_result(value))
+        converted = tool_result_payload(self.tool.convert_result(value))
+        if agrees is None:
+            fast = _plain_payload(self.tool, value) if kind in _PLAIN_TYPES else None
+            self.verified[kind] = fast is not None and fast == converted
+        return converted
 
 
 class DirectTools:
@@ -257,7 +273,7 @@ class DirectTools:
         if not _TESTED:
             return None
         server = self.server
-        provider = getattr(server, "local_provider", None) or getattr(server, "_local_provider", None)
+        provider = _local_provider(server)
         components = getattr(provider, "_components", None)
         if (
             not isinstance(components, dict)
