@@ -2,7 +2,7 @@
 
 The three transports share one parse (:func:`parse_request`), one dispatcher
 (:meth:`MCPDispatcher.dispatch`) and one error renderer (:func:`rpc_error`, by the table of
-:mod:`.exceptions`).
+:mod:`.exceptions`); the two sockets share one answer to a message (:meth:`MCPDispatcher.answer`).
 
 Methods: ``tools/list`` and ``tools/call``; OpenEnv's ``openenv/session/create`` and
 ``openenv/session/close``; and the MCP lifecycle (``initialize``, ``ping``, ``notifications/*``)
@@ -153,6 +153,14 @@ class MCPDispatcher:
             return None
         return JsonRpcResponse.success(result, request.id)
 
+    async def answer(self, message: Any, session: Session) -> Optional[JsonRpcResponse]:
+        """The response to one JSON-RPC message (a frame's text, or the ``data`` of a ``/ws``
+        frame) that came through the socket owning ``session``; None for a notification."""
+        request = parse_request(message, self.max_message_chars)
+        if isinstance(request, JsonRpcResponse):
+            return request
+        return await self.dispatch(request, session=session, socket_owned=True)
+
     # --- the transports -------------------------------------------------------------------
 
     async def serve_http(self, request: Request) -> Response:
@@ -222,12 +230,7 @@ class MCPDispatcher:
                 if message["type"] == "websocket.disconnect":
                     break
                 text = message.get("text")
-                rpc = _BINARY_FRAME if text is None else parse_request(text, self.max_message_chars)
-                answer = (
-                    rpc
-                    if isinstance(rpc, JsonRpcResponse)
-                    else await self.dispatch(rpc, session=session, socket_owned=True)
-                )
+                answer = _BINARY_FRAME if text is None else await self.answer(text, session)
                 if answer is not None:
                     await websocket.send_text(dumps_json(answer.model_dump()))
         except Exception:

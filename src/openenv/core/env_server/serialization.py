@@ -1,4 +1,4 @@
-"""Turning actions and observations into wire payloads and back.
+"""Turning actions and observations into wire payloads and back, and exceptions into ``/ws`` error frames.
 
 The observation payload is ``{"observation": {...}, "reward": r, "done": d}`` where the nested
 observation keeps its ``metadata`` and a non-empty ``metadata`` is also copied to the top level
@@ -8,12 +8,17 @@ observation keeps its ``metadata`` and a non-empty ``metadata`` is also copied t
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, Dict, Type, Union
 
 import pydantic_core
 
+from . import error_details as shown_errors
+from .exceptions import EXECUTION, VALIDATION, OpenEnvError, kind_of
 from .mcp_types import CallToolAction, ListToolsAction
-from .types import Action, Observation
+from .types import Action, Observation, WSErrorCode
+
+logger = logging.getLogger("openenv.server")
 
 _REWARD_DONE = {"reward", "done"}
 
@@ -116,6 +121,26 @@ def observation_payload_json(observation: Observation) -> str:
 def observation_message_json(observation: Observation) -> str:
     """The ``/ws`` message carrying ``observation``: ``{"type": "observation", "data": payload}``."""
     return '{"type":"observation","data":' + observation_payload_json(observation) + "}"
+
+
+def error_frame(code: WSErrorCode, message: str, **extra: Any) -> str:
+    return dumps_json({"type": "error", "data": {"message": message, "code": code.value, **extra}})
+
+
+def error_frame_of(exc: BaseException, what: str, fallback: WSErrorCode = WSErrorCode.EXECUTION_ERROR) -> str:
+    """The ``/ws`` error frame answering ``exc``, by the table of :mod:`.exceptions`: an invalid
+    message's pydantic errors, an OpenEnv error's code, message and details; anything else as
+    ``fallback`` (an execution error), worded by :func:`.error_details.describe` (which logs it as
+    ``what``) and naming the exception. The one renderer of error frames: the ``/ws`` handler's
+    and those the transport writes itself (:mod:`._compat.uvicorn`)."""
+    kind = kind_of(exc)
+    if kind is VALIDATION:
+        errors = json.loads(exc.json())  # type: ignore[attr-defined]
+        return error_frame(WSErrorCode.VALIDATION_ERROR, "Invalid message", errors=errors)
+    if isinstance(exc, OpenEnvError) and kind is not EXECUTION:
+        return error_frame(WSErrorCode(kind.ws_code), exc.text, **exc.details())
+    message = shown_errors.describe(exc, logger, what)
+    return error_frame(fallback, message, exception=shown_errors.exception_name(exc))
 
 
 def deserialize_action(data: Dict[str, Any], action_cls: Type[Action]) -> Action:

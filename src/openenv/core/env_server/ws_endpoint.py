@@ -14,7 +14,6 @@ import collections
 import contextlib
 import dataclasses
 import json
-import logging
 import urllib.parse
 from enum import Enum
 from typing import Any, Deque, Dict, FrozenSet, Optional, Sequence, Set
@@ -22,23 +21,21 @@ from typing import Any, Deque, Dict, FrozenSet, Optional, Sequence, Set
 import pydantic
 from starlette.routing import Match
 
-from . import error_details as shown_errors
-from .exceptions import EXECUTION, VALIDATION, MessageTooLargeError, OpenEnvError, kind_of
-from .mcp_endpoint import MCPDispatcher, parse_request
-from .mcp_types import JsonRpcResponse, WSMCPMessage, request_id_of
+from .exceptions import MessageTooLargeError, kind_of
+from .mcp_endpoint import MCPDispatcher
+from .mcp_types import JsonRpcResponse, WSMCPMessage
 from .middleware import refuse_handshake, route_path
 from .serialization import (
     WS_ENVELOPE_KEYS,
     deserialize_action,
     dumps_json,
+    error_frame,
+    error_frame_of,
     observation_message_json,
     parse_json,
-    to_json_bytes,
 )
 from .sessions import Session, SessionKind, SessionManager
 from .types import ResetRequest, WSErrorCode, WSResetMessage, WSStateMessage, WSStepMessage
-
-logger = logging.getLogger("openenv.server")
 
 PIPELINE_DEPTH = 16
 """Frames a watcher reads ahead while a step runs; beyond that TCP backpressure applies."""
@@ -51,28 +48,8 @@ WATCH_AFTER_S = 0.05
 """A step running longer than this gets a watcher that notices the client leaving."""
 
 _BARE_KEYS = frozenset({"type"})
+_EMPTY_RESULT = JsonRpcResponse.success({})
 _RESET_CHECKED = ("seed", "episode_id")
-
-
-def error_frame(code: WSErrorCode, message: str, **extra: Any) -> str:
-    return dumps_json({"type": "error", "data": {"message": message, "code": code.value, **extra}})
-
-
-def _validation_frame(exc: pydantic.ValidationError) -> str:
-    return error_frame(WSErrorCode.VALIDATION_ERROR, "Invalid message", errors=json.loads(exc.json()))
-
-
-def error_frame_of(exc: BaseException, what: str, fallback: WSErrorCode = WSErrorCode.EXECUTION_ERROR) -> str:
-    """The error frame answering ``exc``, by the table of :mod:`.exceptions`: an invalid message's
-    pydantic errors, an OpenEnv error's code, message and details; anything else as ``fallback``
-    (an execution error), worded by :func:`.error_details.describe` and naming the exception."""
-    kind = kind_of(exc)
-    if kind is VALIDATION:
-        return _validation_frame(exc)  # type: ignore[arg-type]
-    if isinstance(exc, OpenEnvError) and kind is not EXECUTION:
-        return error_frame(WSErrorCode(kind.ws_code), exc.text, **exc.details())
-    message = shown_errors.describe(exc, logger, what)
-    return error_frame(fallback, message, exception=shown_errors.exception_name(exc))
 
 
 _BINARY = error_frame(
@@ -85,7 +62,7 @@ def _envelope_error(model: type, message: Any) -> str:
     try:
         model.model_validate(message)
     except pydantic.ValidationError as exc:
-        return _validation_frame(exc)
+        return error_frame_of(exc, "")
     return error_frame(WSErrorCode.VALIDATION_ERROR, "Invalid message")
 
 
@@ -394,18 +371,12 @@ class WSConnection:
             state = {}
         elif not isinstance(state, (dict, pydantic.BaseModel)):
             state = dict(state)
-        return '{"type":"state","data":' + to_json_bytes(state).decode() + "}"
+        return '{"type":"state","data":' + dumps_json(state) + "}"
 
     async def _mcp(self, message: Dict[str, Any]) -> str:
         if not message.keys() <= WS_ENVELOPE_KEYS or not isinstance(message.get("data"), dict):
             return _envelope_error(WSMCPMessage, message)
-        data = message["data"]
-        rpc = parse_request(data, self.max_chars)
-        if isinstance(rpc, JsonRpcResponse):
-            response: Optional[JsonRpcResponse] = rpc
-        else:
-            response = await self.context.mcp.dispatch(rpc, session=self.session, socket_owned=True)
-        if response is None:
-            response = JsonRpcResponse.success({}, request_id_of(data))
+        response = await self.context.mcp.answer(message["data"], self.session)  # type: ignore[arg-type]
         self.session.touch()  # type: ignore[union-attr]
-        return '{"type":"mcp","data":' + dumps_json(response.model_dump()) + "}"
+        # Every frame gets a reply (the client waits for one): a notification's is an empty result.
+        return '{"type":"mcp","data":' + dumps_json((response or _EMPTY_RESULT).model_dump()) + "}"

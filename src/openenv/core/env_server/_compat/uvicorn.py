@@ -32,15 +32,15 @@ What it relies on, besides uvicorn's public options:
 (:meth:`~OpenEnvWebSocketProtocol.send_text_now`), sparing websockets' frame machinery and the ASGI
 send's coroutine: ``make bench`` measured 1.4-2x the server CPU per step without that. Reading
 pauses after each message until the app takes it, as in uvicorn's own. It bounds what a client
-may make the server hold (:mod:`.limits`): following the client's frames by their headers, it
-refuses a frame declared larger than the message limit before any of it is buffered (an
-uncompressed, unfragmented one gets a ``MESSAGE_TOO_LARGE`` error frame and is skipped, the
-connection staying open; any other gets the error frame, then websockets' close code 1009, since
-skipping it would break the compression context or the message under way); it draws each large
-frame's declared size, and each large inflated message's size, from the server's budget of bytes
-in flight until the app has taken the message (once spent: a ``SERVER_BUSY`` error frame and close
-code 1013); and it drops a client that leaves more than ``max_unsent`` bytes unread (a ping flood
-whose pongs it never reads).
+may make the server hold (the limits table of :mod:`..settings`): following the client's frames
+by their headers, it refuses a frame declared larger than the message limit before any of it is
+buffered (an uncompressed, unfragmented one gets a ``MESSAGE_TOO_LARGE`` error frame and is
+skipped, the connection staying open; any other gets the error frame, then websockets' close code
+1009, since skipping it would break the compression context or the message under way); it draws
+each large frame's declared size, and each large inflated message's size, from the server's budget
+of bytes in flight until the app has taken the message (once spent: a ``SERVER_BUSY`` error frame
+and close code 1013); and it drops a client that leaves more than ``max_unsent`` bytes unread (a
+ping flood whose pongs it never reads).
 
 **The connection guard** (:class:`GuardedConnection`) bounds what uvicorn's options do not: it has
 no time limit while a request head (or a handshake) arrives, so a client sending a byte now and
@@ -75,8 +75,9 @@ except ImportError:  # a uvicorn without the sans-I/O protocol: tested() is Fals
     WebSocketsSansIOProtocol = object  # type: ignore[assignment,misc]
 
 from ...utils import is_loopback_ip
-from ..exceptions import MessageTooLargeError, OpenEnvError, ServerBusyError
+from ..exceptions import MessageTooLargeError, ServerBusyError
 from ..limits import BUDGET_EXEMPT_BYTES, InFlightBudget, ServerLimits
+from ..serialization import error_frame_of
 from ..settings import library_internals_enabled
 from ..ws_frames import client_text, frame_header, text_frame
 
@@ -111,12 +112,6 @@ PLAIN_MAX_BYTES = 64 * 1024
 """The largest frame read without websockets' parser."""
 
 _DATA_OPCODES = (0, 1, 2)  # continuation, text, binary
-
-
-def _error_frame(error: OpenEnvError) -> bytes:
-    """The ``/ws`` error frame of ``error`` (by the table of :mod:`..exceptions`), framed."""
-    data = {"message": error.text, "code": error.kind.ws_code, **error.details()}
-    return text_frame(json.dumps({"type": "error", "data": data}))
 
 
 class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
@@ -171,7 +166,7 @@ class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
             self._head = b""
             if opcode in _DATA_OPCODES:
                 if limit is not None and length > limit:
-                    self.transport.write(_error_frame(MessageTooLargeError(length, limit)))
+                    self.transport.write(text_frame(error_frame_of(MessageTooLargeError(length, limit), "")))
                     if fin and opcode != 0 and not self._in_message and not self.conn.extensions:
                         self._skip = length  # dropped as it arrives: the connection goes on
                         continue
@@ -192,7 +187,7 @@ class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
 
     def _refuse_busy(self, budget: InFlightBudget) -> None:
         """Close the connection at once (the app sees it disconnect): the budget is spent."""
-        self.transport.write(_error_frame(ServerBusyError(budget.refusal())))
+        self.transport.write(text_frame(error_frame_of(ServerBusyError(budget.refusal()), "")))
         self._screening = self._tracked = False
         self._release_held()
         if not self.close_sent and not self.transport.is_closing():
@@ -235,7 +230,7 @@ class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
         ):
             # websockets refused a message past the app's limit (an inflated one, or fragments):
             # say so (not when uvicorn's ws_max_size was set apart from it: that limit closes bare)
-            self.transport.write(_error_frame(MessageTooLargeError(None, self.frame_limit)))
+            self.transport.write(text_frame(error_frame_of(MessageTooLargeError(None, self.frame_limit), "")))
         super().handle_parser_exception()
         exc = self.conn.parser_exc
         if exc is not None:
