@@ -25,6 +25,7 @@ from openenv.core.llm_client import (
     create_llm_client,
     to_anthropic_messages,
 )
+from openenv.core.rubrics import LLMJudge
 
 
 @dataclass
@@ -131,9 +132,21 @@ def test_base_url_appends_the_port_and_drops_a_trailing_slash() -> None:
         ("http://host:8000", 9000, "port 8000 but port=9000"),
     ],
 )
-def test_bad_endpoints_are_rejected_with_the_reason(endpoint: str, port: Optional[int], complaint: str) -> None:
+def test_bad_endpoints_are_rejected_with_the_reason_when_a_request_needs_them(
+    endpoint: str, port: Optional[int], complaint: str
+) -> None:
+    client = OpenAIClient(endpoint, port, "m")  # construction accepts it (upstream's test doubles do this)
     with pytest.raises(ValueError, match=complaint.replace("(", r"\(").replace(")", r"\)")):
-        OpenAIClient(endpoint, port, "m")
+        asyncio.run(client.complete("hi"))
+
+
+def test_a_test_double_with_a_placeholder_endpoint_is_built_and_answers() -> None:
+    class Canned(LLMClient):
+        async def complete(self, prompt: str, **kwargs: Any) -> str:
+            return "0.75"
+
+    judge = LLMJudge("Rate {action}", Canned("http://mock", 0))
+    assert asyncio.run(judge("an answer", None)) == 0.75
 
 
 def test_api_url_adds_v1_only_when_the_endpoint_has_no_path() -> None:

@@ -143,6 +143,50 @@ def test_a_tool_declared_in_both_modes_under_one_name_runs_the_one_of_the_curren
         assert env.step(CallToolAction(tool_name="source")).result["data"] == mode
 
 
+class ModeTools(ToolsOnlyEnv):
+    """One tool name per mode, sync and async: which runs must follow the server's mode."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self) -> None:
+        super().__init__(FastMCP("mode-tools"))
+
+        @self.tool(mode="production", name="source")
+        def production() -> str:
+            return "production"
+
+        @self.tool(mode="simulation", name="source")
+        def simulation() -> str:
+            return "simulation"
+
+        @self.tool(mode="production", name="later")
+        async def production_later(n: int) -> str:
+            await asyncio.sleep(0)
+            return f"production {n}"
+
+        @self.tool(mode="simulation", name="later")
+        async def simulation_later(n: int) -> str:
+            await asyncio.sleep(0)
+            return f"simulation {n}"
+
+
+@pytest.mark.parametrize("mode", ["production", "simulation"])
+async def test_a_served_environment_runs_the_tools_of_the_servers_mode(mode):
+    from openenv.core.mcp_client import MCPToolClient
+
+    app = create_app(ModeTools, CallToolAction, CallToolObservation, env_name="modes", mode=mode, max_concurrent_envs=2)
+    with serve(app) as server:
+        async with MCPToolClient(base_url=server.base_url, mode=mode) as client:
+            await client.reset()
+            assert await client.call_tool("source") == mode  # over POST /mcp (production) or /ws
+            assert await client.call_tool("later", n=3) == f"{mode} 3"  # the async one, awaited
+            step = await client.step(CallToolAction(tool_name="source"))
+            assert step.observation.result == mode  # and through step
+        rpc = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "later", "arguments": {"n": 1}}}
+        answer = httpx.post(server.base_url + "/mcp", json=rpc).json()  # a stateless call
+        assert answer["result"]["data"] == f"{mode} 1", answer
+
+
 def test_non_mcp_actions_go_to_step_impl():
     from openenv.core.env_server.types import Action
 

@@ -1075,6 +1075,11 @@ def test_env_client_mode_defaults_from_the_environment(monkeypatch: pytest.Monke
     assert GenericEnvClient(base_url="http://x").mode == "simulation"
     monkeypatch.setenv("OPENENV_CLIENT_MODE", "production")
     assert GenericEnvClient(base_url="http://x").mode == "production"
+    monkeypatch.setenv("OPENENV_CLIENT_MODE", "prod")
+    with pytest.raises(ValueError, match="OPENENV_CLIENT_MODE must be 'simulation' or 'production', got 'prod'"):
+        GenericEnvClient(base_url="http://x")
+    with pytest.raises(ValueError, match=r"^mode must be .* got 'staging'"):
+        GenericEnvClient(base_url="http://x", mode="staging")
 
 
 def test_env_client_mode_is_immutable() -> None:
@@ -1446,6 +1451,14 @@ def test_top_level_client_exports_are_the_core_ones(name: str) -> None:
 @pytest.mark.parametrize("name", ["AutoEnv", "AutoAction"])
 def test_top_level_auto_exports(name: str) -> None:
     assert isinstance(getattr(openenv, name), type)
+
+
+def test_upstreams_auto_module_paths_import_the_same_classes() -> None:
+    from openenv.auto.auto_action import AutoAction
+    from openenv.auto.auto_env import AutoEnv
+
+    assert AutoEnv is openenv.AutoEnv and AutoAction is openenv.AutoAction
+    assert AutoAction.from_env("anything", skip_install=True) is openenv.GenericAction
 
 
 def test_top_level_version_comes_from_distribution_metadata() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import logging
 from typing import Any, Iterator, List, Optional, Tuple
 
@@ -130,13 +131,41 @@ def test_a_subclass_must_call_the_base_init_before_setting_attributes() -> None:
         def __init__(self) -> None:
             self.part = Fixed(1.0)
 
+        def forward(self, action: Any, observation: Any) -> float:
+            return 1.0
+
     with pytest.raises(RuntimeError, match=r"Forgetful.__init__ must call super\(\).__init__\(\)"):
         Forgetful()
 
 
-def test_forward_must_be_implemented() -> None:
-    with pytest.raises(NotImplementedError, match="Rubric must implement forward"):
-        Rubric()(ACTION, obs())
+def test_forward_must_be_implemented_a_rubric_without_it_cannot_be_made() -> None:
+    class NoForward(Rubric):
+        pass
+
+    for cls in (Rubric, NoForward):  # as upstream's abstract base: TypeError at construction
+        with pytest.raises(TypeError, match="abstract method forward"):
+            cls()
+
+
+async def test_a_sequential_of_sync_children_can_be_awaited_as_upstream_code_does() -> None:
+    """Upstream's Sequential returns a coroutine inside a running loop, so code written for it awaits."""
+    chain = Sequential(Fixed(0.5), Fixed(0.75))
+    assert await chain(ACTION, obs()) == 0.75
+    assert await Sequential()(ACTION, obs()) == 1.0  # empty: 1.0
+    assert await Sequential(Fixed(0.0), Fixed(1.0))(ACTION, obs()) == 0.0  # short-circuit
+    plain = chain(ACTION, obs())  # and without await, a number, as before
+    assert plain + 1 == 1.75 and type(float(plain)) is float and json.dumps({"r": plain}) == '{"r": 0.75}'
+    nested = Sequential(Sequential(Fixed(0.5)), WeightedSum([Sequential(Fixed(0.25))], [1.0]))
+    assert nested(ACTION, obs()) == 0.25  # a Score from a child is a number, not something pending
+
+
+def test_a_sync_environment_on_the_loop_applies_a_sequential_rubric() -> None:
+    async def on_the_loop() -> float:
+        env = ScoredEnv(rubric=Sequential(Fixed(0.5), Fixed(0.25)))
+        return env._apply_rubric(ACTION, obs())  # a running loop, a sync call: no TypeError
+
+    score = asyncio.run(on_the_loop())
+    assert score == 0.25 and type(score) is float
 
 
 def test_last_score_is_none_until_called_then_the_score() -> None:
@@ -332,7 +361,7 @@ async def test_an_async_child_scoring_zero_stops_the_chain() -> None:
 
 async def test_an_all_sync_sequential_returns_a_float_inside_a_running_loop() -> None:
     result = Sequential(Fixed(0.5), Fixed(0.25))(ACTION, obs())
-    assert result == 0.25 and not inspect.isawaitable(result)
+    assert result == 0.25 and isinstance(result, float)  # a number (that can also be awaited)
 
 
 # --- Gate -------------------------------------------------------------------------------------------
@@ -368,7 +397,7 @@ def test_weighted_sum_is_a_weighted_average() -> None:
 
 
 def test_weights_that_do_not_sum_to_one_are_refused_with_the_way_out() -> None:
-    with pytest.raises(ValueError, match=r"weights sum to 1\.2, not 1.*normalized=False"):
+    with pytest.raises(ValueError, match=r"weights must sum to 1\.0 \(they sum to 1\.2\).*normalized=False"):
         WeightedSum([Fixed(1.0), Fixed(1.0)], [0.6, 0.6])
 
 
@@ -378,7 +407,7 @@ def test_normalized_false_allows_any_weights_including_penalties() -> None:
 
 
 def test_weighted_sum_checks_lengths_and_finite_weights() -> None:
-    with pytest.raises(ValueError, match="2 rubrics but 1 weights"):
+    with pytest.raises(ValueError, match="rubrics and weights must match in number: 2 rubrics but 1 weights"):
         WeightedSum([Fixed(1.0), Fixed(1.0)], [1.0])
     with pytest.raises(ValueError, match="must be finite"):
         WeightedSum([Fixed(1.0)], [float("nan")], normalized=False)

@@ -87,9 +87,11 @@ class Usage(str, Enum):
 def _resolve_mode(mode: Optional[str]) -> str:
     import os
 
-    value = (mode or os.environ.get("OPENENV_CLIENT_MODE") or "simulation").lower()
+    source = "mode" if mode else "OPENENV_CLIENT_MODE"
+    raw = mode or os.environ.get("OPENENV_CLIENT_MODE") or "simulation"
+    value = raw.lower()
     if value not in _MODES:
-        raise ValueError(f"mode must be 'simulation' or 'production', got {mode!r}")
+        raise ValueError(f"{source} must be 'simulation' or 'production', got {raw!r}")
     return value
 
 

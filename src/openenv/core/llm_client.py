@@ -68,16 +68,20 @@ def _base_url(endpoint: str, port: Optional[int]) -> str:
 
 
 class LLMClient(ABC):
-    """An LLM endpoint: ``await complete(prompt)`` returns the reply's text."""
+    """An LLM endpoint: ``await complete(prompt)`` returns the reply's text.
+
+    ``endpoint`` and ``port`` are checked when a request needs them (:attr:`base_url`), not at
+    construction, so a test double built with a placeholder (``("http://mock", 0)``, as upstream
+    users write) works as long as it answers ``complete`` itself."""
 
     def __init__(self, endpoint: str, port: Optional[int] = None) -> None:
         self.endpoint = endpoint
         self.port = port
-        self._base_url = _base_url(endpoint, port)
 
     @property
     def base_url(self) -> str:
-        return self._base_url
+        """The endpoint with its port, checked: ``ValueError`` saying what is wrong with it."""
+        return _base_url(self.endpoint, self.port)
 
     @abstractmethod
     async def complete(self, prompt: str, **kwargs: Any) -> str:

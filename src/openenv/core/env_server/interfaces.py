@@ -178,7 +178,7 @@ class Environment(ABC, Generic[ActT, ObsT, StateT]):
         if rubric is None:
             return 0.0
         score = rubric(action, observation)
-        if inspect.isawaitable(score):
+        if inspect.isawaitable(score) and not isinstance(score, float):  # a float is a rubrics.Score: done
             try:
                 asyncio.get_running_loop()
             except RuntimeError:
@@ -191,7 +191,7 @@ class Environment(ABC, Generic[ActT, ObsT, StateT]):
                     "use 'await self._apply_rubric_async(action, observation)' in step_async"
                 )
         self._report_reward_components(observation)
-        return score
+        return float(score)
 
     async def _apply_rubric_async(self, action: ActT, observation: ObsT) -> float:
         """``_apply_rubric`` for ``step_async``: awaits an async rubric on the running loop."""
@@ -202,7 +202,7 @@ class Environment(ABC, Generic[ActT, ObsT, StateT]):
         if inspect.isawaitable(score):
             score = await score
         self._report_reward_components(observation)
-        return score
+        return float(score)
 
     def _report_reward_components(self, observation: ObsT) -> None:
         if not self.REPORT_REWARD_COMPONENTS:

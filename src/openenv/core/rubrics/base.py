@@ -14,9 +14,30 @@ does) returns a coroutine to await.
 from __future__ import annotations
 
 import inspect
+from abc import ABCMeta, abstractmethod
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 Hook = Callable[..., Any]
+
+
+class Score(float):
+    """A score that can also be awaited (it awaits to itself as a plain float).
+
+    Upstream's ``Sequential`` returns a coroutine whenever it is called inside a running event
+    loop, all-sync children or none, so code written for it writes ``await rubric(...)`` in async
+    code; ours returns the number, as this ``float``, which serves both ``await rubric(...)`` and
+    ``rubric(...) + 1``."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Any:
+        return float(self)
+        yield  # a generator function: awaiting it returns at once  # pragma: no cover
+
+
+def pending(value: Any) -> bool:
+    """Whether a rubric's result must be awaited for its score (a coroutine; not a :class:`Score`)."""
+    return inspect.isawaitable(value) and not isinstance(value, float)
 
 
 class HookHandle:
@@ -32,8 +53,9 @@ class HookHandle:
             self._hooks.remove(self._hook)
 
 
-class Rubric:
-    """Base class of reward functions: implement ``forward(action, observation) -> float``.
+class Rubric(metaclass=ABCMeta):
+    """Base class of reward functions: implement ``forward(action, observation) -> float`` (a
+    subclass without it cannot be instantiated: ``TypeError``, as upstream's abstract base).
 
     ``last_score`` is what this rubric returned on its latest call, and ``None`` before the first
     one. A call also clears the ``last_score`` of every descendant first, so after a call a
@@ -124,9 +146,9 @@ class Rubric:
 
     # --- calling ----------------------------------------------------------------------------
 
+    @abstractmethod
     def forward(self, action: Any, observation: Any) -> Any:
         """The score of ``action`` given ``observation`` (``async def`` is allowed)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement forward(action, observation)")
 
     def __call__(self, action: Any, observation: Any) -> Any:
         if inspect.iscoroutinefunction(self.forward) or any(
@@ -137,22 +159,22 @@ class Rubric:
         for hook in self._pre_hooks:
             _no_awaitable(hook(self, action, observation), hook)
         score = self.forward(action, observation)
-        if inspect.isawaitable(score):  # e.g. a container with an async child
+        if pending(score):  # e.g. a container with an async child
             return self._call_async(action, observation, score)
         self.last_score = score
         for hook in self._post_hooks:
             _no_awaitable(hook(self, action, observation, score), hook)
         return score
 
-    async def _call_async(self, action: Any, observation: Any, pending: Any) -> Any:
-        if pending is None:
+    async def _call_async(self, action: Any, observation: Any, started: Any) -> Any:
+        if started is None:
             self._clear_descendant_scores()
             for hook in self._pre_hooks:
                 result = hook(self, action, observation)
                 if inspect.isawaitable(result):
                     await result
-            pending = self.forward(action, observation)
-        score = await pending if inspect.isawaitable(pending) else pending
+            started = self.forward(action, observation)
+        score = await started if inspect.isawaitable(started) else started  # a Score awaits to its float
         self.last_score = score
         for hook in self._post_hooks:
             result = hook(self, action, observation, score)

@@ -7,7 +7,7 @@ import inspect
 import math
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from .base import Rubric
+from .base import Rubric, Score, pending
 
 _AGGREGATES = ("last", "min", "mean", "sum", "product")
 
@@ -23,8 +23,10 @@ class Sequential(Rubric):
     ``"product"``. With no children the score is ``1.0``.
 
     Children are called one after another, async ones awaited in turn. A call returns a coroutine
-    only when a child does (an all-sync ``Sequential`` returns a float even inside a running
-    event loop). Children are named ``rubric_0``, ``rubric_1``, ...; ``len`` and indexing work.
+    only when a child does; otherwise a :class:`~.base.Score`, a float that can also be awaited,
+    so ``await sequential(...)`` (how code written for upstream, whose ``Sequential`` returns a
+    coroutine inside a running loop, calls it) and plain use both work. Children are named
+    ``rubric_0``, ``rubric_1``, ...; ``len`` and indexing work.
     """
 
     def __init__(self, *rubrics: Rubric, stop_below: Optional[float] = None, aggregate: str = "last") -> None:
@@ -64,12 +66,16 @@ class Sequential(Rubric):
             return sum(scores)
         return math.prod(scores)
 
+    def __call__(self, action: Any, observation: Any) -> Any:
+        score = super().__call__(action, observation)
+        return score if pending(score) else Score(score)
+
     def forward(self, action: Any, observation: Any) -> Any:
         children = list(self)
         scores: List[float] = []
         for i, child in enumerate(children):
             score = child(action, observation)
-            if inspect.isawaitable(score):
+            if pending(score):
                 return self._finish_async(action, observation, score, children[i + 1 :], scores)
             if self._fails(score):
                 return score
@@ -77,15 +83,15 @@ class Sequential(Rubric):
         return self._combine(scores)
 
     async def _finish_async(
-        self, action: Any, observation: Any, pending: Any, rest: List[Rubric], scores: List[float]
+        self, action: Any, observation: Any, started: Any, rest: List[Rubric], scores: List[float]
     ) -> float:
-        score = await pending
+        score = await started
         if self._fails(score):
             return score
         scores.append(score)
         for child in rest:
             score = child(action, observation)
-            if inspect.isawaitable(score):
+            if pending(score):
                 score = await score
             if self._fails(score):
                 return score
@@ -112,12 +118,12 @@ class Gate(Rubric):
 
     def forward(self, action: Any, observation: Any) -> Any:
         score = self.rubric(action, observation)
-        if inspect.isawaitable(score):
+        if pending(score):
             return self._gate_async(score)
         return score if score >= self.threshold else 0.0
 
-    async def _gate_async(self, pending: Any) -> float:
-        score = await pending
+    async def _gate_async(self, started: Any) -> float:
+        score = await started
         return score if score >= self.threshold else 0.0
 
     def state_dict(self) -> Dict[str, Any]:
@@ -160,17 +166,17 @@ class WeightedSum(Rubric):
             for name in self._order:
                 scores.append(self._children[name](action, observation))
         except BaseException:
-            for pending in scores:  # a later child failed: do not leave coroutines un-awaited
-                if inspect.iscoroutine(pending):
-                    pending.close()
+            for started in scores:  # a later child failed: do not leave coroutines un-awaited
+                if inspect.iscoroutine(started):
+                    started.close()
             raise
-        if any(inspect.isawaitable(s) for s in scores):
+        if any(pending(s) for s in scores):
             return self._sum_async(scores)
         return sum(w * s for w, s in zip(self._weights, scores, strict=True))
 
     async def _sum_async(self, scores: List[Any]) -> float:
         async def value(score: Any) -> float:
-            return await score if inspect.isawaitable(score) else score
+            return await score if pending(score) else score
 
         done = await asyncio.gather(*(value(s) for s in scores))
         return sum(w * s for w, s in zip(self._weights, done, strict=True))
@@ -264,12 +270,14 @@ class RubricDict(Rubric):
 
 def _check_weights(count: int, weights: List[float], normalized: bool) -> None:
     if count != len(weights):
-        raise ValueError(f"WeightedSum got {count} rubrics but {len(weights)} weights")
+        raise ValueError(
+            f"WeightedSum's rubrics and weights must match in number: {count} rubrics but {len(weights)} weights"
+        )
     if any(not math.isfinite(w) for w in weights):
         raise ValueError(f"WeightedSum weights must be finite numbers, got {weights}")
     if normalized and count and abs(sum(weights) - 1.0) > 1e-6:
         raise ValueError(
-            f"WeightedSum weights sum to {sum(weights):g}, not 1: fix the weights, or pass "
+            f"WeightedSum weights must sum to 1.0 (they sum to {sum(weights):g}): fix the weights, or pass "
             "normalized=False to allow any weights (penalty terms with negative weights included)"
         )
 
