@@ -40,6 +40,7 @@ demo: $(DEMO_STAMP)  ## start the echo environment and run its quick-start again
 	$(PY) examples/echo_demo.py
 
 test: setup  ## lint (ruff, the import layers), then run the test suite
+	bash scripts/install-browser.sh
 	$(PY) -m ruff check src tests envs examples bench
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q
@@ -55,12 +56,14 @@ format: setup
 	$(PY) -m ruff format src tests envs examples bench
 	$(PY) -m ruff check --fix src tests envs examples bench
 
-bench: setup  ## throughput/latency/CPU vs a raw-websockets floor; sync hand-off; footprint; churn; sandbox start-up
+bench: setup  ## throughput/latency/CPU vs a raw-websockets floor; sync hand-off; footprint; churn; sandbox start-up; Gymnasium vector env vs local; --workers scaling
 	$(PY) bench/bench_ws.py
 	$(PY) bench/bench_handoff.py
 	$(PY) bench/bench_footprint.py
 	$(PY) bench/bench_churn.py
 	$(PY) bench/bench_sandbox.py
+	$(PY) bench/bench_gymnasium.py
+	$(PY) bench/bench_scale.py
 
 train-blackjack: $(TRAIN_STAMP)  ## CPU GRPO: a tiny LM learns blackjack through the sandboxed openspiel_env (about 2 min)
 	$(PY) examples/grpo_blackjack/train.py

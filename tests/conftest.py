@@ -16,7 +16,7 @@ from .envs import TRACKER, CounterAction, CounterEnv, CounterObservation, Counte
 
 # A deployment's settings in the shell running the tests (a token exported for `openenv serve`)
 # would change what every in-process server answers: the tests set them where they mean to.
-for _setting in ("OPENENV_AUTH_TOKEN", "OPENENV_ERROR_DETAILS"):
+for _setting in ("OPENENV_AUTH_TOKEN", "OPENENV_ERROR_DETAILS", "ENABLE_WEB_INTERFACE"):
     os.environ.pop(_setting, None)
 
 

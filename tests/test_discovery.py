@@ -81,8 +81,13 @@ def test_a_catalogue_environment_is_suggested_by_its_real_directory(monkeypatch:
     assert f"pip install -e {directory}" in text and directory.is_dir(), text
 
 
-def test_a_hub_id_is_told_plainly_that_autoenv_has_no_hub_loader() -> None:
-    text = _refusal("meta-pytorch/echo_env")
-    assert "Hugging Face Hub id" in text and "no Hub loader" in text, text
-    assert "envs/meta_pytorch" not in text
-    assert "pip install git+https://huggingface.co/spaces/meta-pytorch/echo_env" in text
+def test_a_hub_ids_classes_are_told_plainly_that_they_need_its_package() -> None:
+    from openenv import AutoAction
+
+    with pytest.raises(ValueError) as refused:
+        AutoAction.from_env("meta-pytorch/absent_env")  # its action class is the Space's code
+    text = str(refused.value)
+    assert "Hugging Face Space id" in text and "AutoEnv.from_env('meta-pytorch/absent_env')" in text, text
+    assert "envs/absent" not in text
+    assert AutoAction.from_env("meta-pytorch/echo_env").__name__ == "CallToolAction"  # installed here: its class
+    assert "pip install git+https://huggingface.co/spaces/meta-pytorch/absent_env" in text

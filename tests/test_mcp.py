@@ -176,15 +176,37 @@ async def test_a_served_environment_runs_the_tools_of_the_servers_mode(mode):
 
     app = create_app(ModeTools, CallToolAction, CallToolObservation, env_name="modes", mode=mode, max_concurrent_envs=2)
     with serve(app) as server:
-        async with MCPToolClient(base_url=server.base_url, mode=mode) as client:
+        async with MCPToolClient(base_url=server.base_url) as client:  # MCP clients are production clients
             await client.reset()
-            assert await client.call_tool("source") == mode  # over POST /mcp (production) or /ws
+            assert await client.call_tool("source") == mode
             assert await client.call_tool("later", n=3) == f"{mode} 3"  # the async one, awaited
             step = await client.step(CallToolAction(tool_name="source"))
             assert step.observation.result == mode  # and through step
         rpc = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "later", "arguments": {"n": 1}}}
         answer = httpx.post(server.base_url + "/mcp", json=rpc).json()  # a stateless call
         assert answer["result"]["data"] == f"{mode} 1", answer
+
+
+def test_mcp_clients_refuse_simulation_mode_as_upstreams_do(monkeypatch):
+    from openenv.core.mcp_client import MCPClientBase, MCPToolClient
+
+    for cls in (MCPToolClient, MCPClientBase):
+        with pytest.raises(ValueError, match=r"only supports 'production' mode, got 'simulation'.*GenericEnvClient"):
+            cls(base_url="http://127.0.0.1:9", mode="simulation")
+    assert MCPToolClient(base_url="http://127.0.0.1:9", mode="PRODUCTION").mode == "production"
+    monkeypatch.setenv("OPENENV_CLIENT_MODE", "simulation")  # meant for other clients: MCP ones stay production
+    assert MCPToolClient(base_url="http://127.0.0.1:9").mode == "production"
+
+
+async def test_a_simulation_client_drives_mcp_tools_through_step():
+    """What the refusal above points to: a GenericEnvClient in simulation mode owns its socket's session."""
+    from openenv.core.generic_client import GenericEnvClient
+
+    app = create_app(ModeTools, CallToolAction, CallToolObservation, env_name="modes", max_concurrent_envs=2)
+    with serve(app) as server:
+        async with GenericEnvClient(base_url=server.base_url, mode="simulation") as client:
+            step = await client.step({"type": "call_tool", "tool_name": "later", "arguments": {"n": 2}})
+            assert step.observation["result"]["data"] == "simulation 2"
 
 
 def test_non_mcp_actions_go_to_step_impl():

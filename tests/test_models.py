@@ -1387,8 +1387,6 @@ ENV_SERVER_NAMES = [
     "JsonRpcResponse",
     "McpMethod",
 ]
-# None where their module cannot be imported; this release has no web interface module.
-OPTIONAL_NAMES = {"create_web_interface_app", "WebInterfaceManager"}
 # Exports that are not a class or function named after themselves.
 UNNAMED_VALUES = {"WSIncomingMessage": WSIncomingMessage, "RESERVED_TOOL_NAMES": RESERVED_TOOL_NAMES}
 CORE_CLIENT_NAMES = [
@@ -1409,7 +1407,7 @@ def test_env_server_exports(name: str) -> None:
     value = getattr(module, name)
     if name in UNNAMED_VALUES:
         assert value is UNNAMED_VALUES[name]
-    elif not (name in OPTIONAL_NAMES and value is None):
+    else:  # upstream gives None for web interface names it cannot import; here every name resolves
         assert value.__name__ == name
         assert value.__module__.startswith("openenv.core.env_server.")
 

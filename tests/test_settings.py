@@ -5,6 +5,7 @@ values refused with a message naming the variable; and what a served app does wi
 from __future__ import annotations
 
 import json
+import uuid
 
 import httpx
 import pytest
@@ -36,6 +37,7 @@ def test_defaults_with_nothing_set() -> None:
         ("worker_threads", "OPENENV_WORKER_THREADS", "5", 2, 5),
         ("error_details", "OPENENV_ERROR_DETAILS", "0", True, False),
         ("auth_token", "OPENENV_AUTH_TOKEN", TOKEN, "x" * 20, TOKEN),
+        ("session_id_prefix", "OPENENV_SESSION_ID_PREFIX", "w3", "w0", "w3"),
     ],
 )
 def test_a_variable_that_is_set_wins_over_the_argument(field, variable, raw, argument, from_variable) -> None:
@@ -71,6 +73,9 @@ def test_limits_follow_the_same_rule_field_by_field() -> None:
         ("OPENENV_GC_TUNING", "2", "1 or 0"),
         ("OPENENV_MAX_MESSAGE_MB", "big", "number of MiB"),
         ("OPENENV_MAX_CONNECTIONS_PER_CLIENT", "2.5", "whole number"),
+        ("OPENENV_SESSION_ID_PREFIX", "w-1", "no '-'"),
+        ("OPENENV_SESSION_ID_PREFIX", "w" * 33, "1 to 32 letters"),
+        ("OPENENV_SESSION_ID_PREFIX", "wörker", "letters, digits or underscores"),
     ],
 )
 def test_a_bad_value_is_refused_naming_the_variable(variable, raw, says) -> None:
@@ -88,6 +93,24 @@ def test_bad_arguments_are_refused_as_strictly() -> None:
         ServerSettings.resolve({}, error_details="yes")
     with pytest.raises(TypeError, match="unknown server setting"):
         ServerSettings.resolve({}, max_sesions=3)
+
+
+def test_every_session_id_a_server_makes_starts_with_its_prefix(monkeypatch) -> None:
+    """What lets the front of several server processes route a call by its session id alone."""
+    monkeypatch.setenv("OPENENV_SESSION_ID_PREFIX", "w7")
+    with serve(counter_app()) as server:
+        with httpx.Client(base_url=server.base_url, timeout=10) as http:
+            created = http.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "openenv/session/create"})
+            session_id = created.json()["result"]["session_id"]
+            assert session_id.startswith("w7-") and len(session_id) == len("w7-") + 36
+            assert http.get("/state", params={"session_id": session_id}).status_code == 200
+            assert http.get("/openenv/capacity").json() == {"active_sessions": 1, "max_sessions": 4}
+    monkeypatch.delenv("OPENENV_SESSION_ID_PREFIX")
+    with serve(counter_app()) as server:
+        created = httpx.post(
+            server.base_url + "/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "openenv/session/create"}, timeout=10
+        )
+        uuid.UUID(created.json()["result"]["session_id"])  # a plain uuid: no prefix
 
 
 def test_a_step_timeout_of_zero_means_none() -> None:

@@ -124,7 +124,7 @@ def test_the_space_gets_the_package_with_its_dockerfile_at_the_root_and_nothing_
 ) -> None:
     code, out, err = run(capsys, "push", str(package), "--exclude", "data/")
     assert code == 0, err
-    assert hub.uploaded["Dockerfile"] == dockerfile_template()
+    assert hub.uploaded["Dockerfile"] == _publish.with_web_interface(dockerfile_template())
     assert "server/Dockerfile" not in hub.uploaded
     assert {"openenv.yaml", "__init__.py", "client.py", "server/app.py", "pyproject.toml", ".dockerignore"} <= set(
         hub.uploaded
@@ -143,9 +143,40 @@ def test_the_space_readme_gets_front_matter_for_a_docker_space_and_keeps_its_tex
     assert run(capsys, "push", str(package))[0] == 0
     readme = hub.uploaded["README.md"]
     _, front, body = readme.split("---\n", 2)
-    assert yaml.safe_load(front) == {"title": "echo_env", "tags": ["openenv"], "sdk": "docker", "app_port": 8000}
+    assert yaml.safe_load(front) == {
+        "title": "echo_env",
+        "tags": ["openenv"],
+        "base_path": "/web",
+        "sdk": "docker",
+        "app_port": 8000,
+    }
     assert body.lstrip("\n") == original
     assert (package / "README.md").read_text() == original  # the package itself is untouched
+
+
+def test_the_space_opens_on_the_web_playground_unless_told_not_to(
+    package: Path, hub: RecordingHfApi, capsys: pytest.CaptureFixture
+) -> None:
+    code, _, err = run(capsys, "push", str(package))
+    assert code == 0 and "Dockerfile: added ENV ENABLE_WEB_INTERFACE=true" in err
+    lines = hub.uploaded["Dockerfile"].splitlines()
+    instructions = [line.split()[0] for line in lines if line[:1].isalpha()]
+    assert instructions[-2:] == ["ENV", "CMD"] and "ENV ENABLE_WEB_INTERFACE=true" in lines
+    assert run(capsys, "push", str(package), "--no-interface")[0] == 0
+    assert hub.uploaded["Dockerfile"] == dockerfile_template()
+    assert "base_path" not in hub.uploaded["README.md"]
+
+
+def test_a_dockerfile_that_sets_the_variable_or_a_base_path_is_left_alone() -> None:
+    own = "FROM python:3.11-slim\nENV ENABLE_WEB_INTERFACE=false\nCMD run\n"
+    assert _publish.with_web_interface(own) == own
+    continued = "FROM x\nHEALTHCHECK \\\nCMD true\nCMD serve\n"
+    assert _publish.with_web_interface(continued).endswith("ENV ENABLE_WEB_INTERFACE=true\n\nCMD serve\n")
+    assert _publish.with_web_interface("FROM x").endswith("FROM x\nENV ENABLE_WEB_INTERFACE=true\n")
+    text, changes = _publish.space_front_matter(
+        "---\nbase_path: /docs\n---\n", {"sdk": "docker"}, {"base_path": "/web"}
+    )
+    assert "base_path: /docs" in text and changes == ["added sdk: docker"]
 
 
 def test_existing_front_matter_keeps_its_keys_and_comments_and_gets_sdk_docker(tmp_path: Path) -> None:

@@ -284,6 +284,15 @@ def test_listening_beyond_this_machine_keeps_exception_texts_from_clients(monkey
     assert _server_env("0.0.0.0", ["OPENENV_ERROR_DETAILS=1"], None) == {"OPENENV_ERROR_DETAILS": "1"}
 
 
+def test_web_serves_the_playground_too():
+    with Served(str(ECHO), "--web") as served:
+        page = httpx.get(f"{served.url}/web/", timeout=10)
+        assert page.status_code == 200 and "playground.js" in page.text
+        assert httpx.get(f"{served.url}/web/metadata", timeout=10).json()["mcp"] is True
+        code, _, err = served.stop()
+    assert code == 0 and f"{served.url}/web/" in err
+
+
 def test_a_token_in_the_commands_environment_guards_the_sandboxed_server():
     token = "serve-token-0123456789abcdef"
     with Served(str(ECHO), env={"OPENENV_AUTH_TOKEN": token}) as served:
@@ -295,3 +304,35 @@ def test_a_token_in_the_commands_environment_guards_the_sandboxed_server():
         code, out, err = served.stop()
     assert code == 0 and "Authorization: Bearer $OPENENV_AUTH_TOKEN" in err
     assert token not in out + err  # never printed
+
+
+def test_workers_serve_several_sandboxed_processes_behind_one_address():
+    token = "workers-token-0123456789abcdef"
+    auth = {"Authorization": f"Bearer {token}"}
+    with Served(str(ECHO), "--workers", "2", "--max-sessions", "3", env={"OPENENV_AUTH_TOKEN": token}) as served:
+        assert httpx.get(f"{served.url}/health", timeout=10).json() == {"status": "healthy"}  # no token: no counts
+        from echo_env import EchoEnv
+
+        clients = [EchoEnv(base_url=served.url, headers=auth).sync() for _ in range(6)]
+        try:
+            for client in clients:
+                client.reset()
+            owners = sorted(client._client.session_id.split("-")[0] for client in clients)
+            assert owners == ["w0", "w0", "w0", "w1", "w1", "w1"]
+            health = httpx.get(f"{served.url}/health", headers=auth, timeout=10).json()
+            assert health["max_sessions"] == 6 and health["active_sessions"] == 6
+            assert [w["status"] for w in health["workers"]] == ["healthy", "healthy"]
+            with pytest.raises(CapacityReachedError):  # the whole is full
+                EchoEnv(base_url=served.url, headers=auth).sync().reset()
+        finally:
+            for client in clients:
+                client.close()
+        code, _, err = served.stop()
+    assert code == 0 and "2 processes" in err and "[w0]" in err and "[w1]" in err
+
+
+def test_reload_does_not_go_with_workers():
+    refused = subprocess.run(
+        [*OPENENV, "serve", str(ECHO), "--workers", "2", "--reload"], capture_output=True, text=True, timeout=60
+    )
+    assert refused.returncode == 1 and "--reload" in refused.stderr and "--workers" in refused.stderr

@@ -23,6 +23,7 @@ from typing import Any, List, Optional
 from uuid import uuid4
 
 import chess
+import chess.svg
 
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import EnvironmentMetadata
@@ -179,6 +180,26 @@ class ChessEnvironment(Environment[ChessAction, ChessObservation, ChessState]):
             description="Chess against a random or minimax opponent; UCI or SAN moves; +1 win, 0 draw, -1 loss",
             version="0.1.0",
         )
+
+    # --- the web playground -------------------------------------------------------------------
+
+    def render_web(self, observation: dict) -> Optional[str]:
+        """The board as SVG (from the agent's side), the opponent's last move marked."""
+        try:
+            board = chess.Board(observation.get("fen") or chess.STARTING_FEN)
+        except ValueError:
+            return None
+        last = observation.get("opponent_move")
+        lastmove = chess.Move.from_uci(last) if last and len(last) in (4, 5) else None
+        flipped = observation.get("agent_color") == "black"
+        check = board.king(board.turn) if board.is_check() else None
+        return chess.svg.board(board, size=400, flipped=flipped, lastmove=lastmove, check=check)
+
+    def web_actions(self, observation: dict) -> List[tuple]:
+        """Every legal move, a button each (labelled in SAN, sent in UCI)."""
+        moves = observation.get("legal_moves") or []
+        sans = observation.get("legal_moves_san") or moves
+        return [(san, {"move": uci}) for uci, san in zip(moves, sans, strict=False)]
 
     # --- the game -----------------------------------------------------------------------------
 

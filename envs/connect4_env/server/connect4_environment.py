@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import random
-from typing import Any, Optional
+from typing import Any, List, Optional
 from uuid import uuid4
 
 from openenv.core.env_server.interfaces import Environment
@@ -109,6 +109,26 @@ class Connect4Environment(Environment[Connect4Action, Connect4Observation, Conne
             description="Connect Four (6x7) against a random or greedy opponent; +1 win, 0 draw, -1 loss",
             version="0.1.0",
         )
+
+    # --- the web playground -------------------------------------------------------------------
+
+    def render_web(self, observation: dict) -> Optional[str]:
+        """The board: yellow discs are the agent's, red the opponent's."""
+        colours = {1: "#f2c40f", -1: "#d63a2f", 0: "#fff"}
+        rows = "".join(
+            "<tr>" + "".join(f'<td style="background:{colours.get(cell, "#fff")}"></td>' for cell in row) + "</tr>"
+            for row in observation.get("board") or []
+        )
+        head = "".join(f"<th>{column}</th>" for column in range(len((observation.get("board") or [[]])[0])))
+        style = (
+            "table{border-collapse:separate;border-spacing:6px;background:#2553b8;border-radius:10px;padding:4px}"
+            "td{width:42px;height:42px;border-radius:50%}th{color:#fff;font:14px sans-serif}"
+        )
+        return f"<style>{style}</style><table><tr>{head}</tr>{rows}</table>"
+
+    def web_actions(self, observation: dict) -> List[tuple]:
+        """A button per column that is not full."""
+        return [(f"column {column}", {"column": column}) for column in observation.get("legal_actions") or []]
 
     def _play(self, column: int) -> Optional[int]:
         player = self._state.next_player

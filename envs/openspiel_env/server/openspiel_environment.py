@@ -19,6 +19,7 @@ agent_player=..., opponent_policy=...)`` overrides them for one episode.
 from __future__ import annotations
 
 import functools
+import html
 import os
 import random
 from typing import Any, Dict, List, Optional
@@ -199,6 +200,42 @@ class OpenSpielEnvironment(Environment[OpenSpielAction, OpenSpielObservation, Op
     @property
     def state(self) -> OpenSpielState:
         return self._state
+
+    # --- the web playground -------------------------------------------------------------------
+
+    def render_web(self, observation: dict) -> Optional[str]:
+        """Blackjack: the cards, face up (the dealer's hidden card once the hand is over); other
+        games: the position's description."""
+        facts = observation.get("metadata") or {}
+        text = html.escape(observation.get("text") or "")
+        if "player_cards" not in facts:
+            return f"<pre style='font:14px monospace;white-space:pre-wrap'>{text}</pre>"
+
+        def hand(cards: List[str], hidden: int = 0) -> str:
+            shown = "".join(f"<span class='card'>{html.escape(str(c))}</span>" for c in cards)
+            return shown + "<span class='card back'>?</span>" * hidden
+
+        dealer = facts.get("dealer_cards")
+        dealer_hand = hand(dealer) if dealer else hand([facts.get("dealer_shows", "?")], hidden=1)
+        dealer_total = f" (total {facts['dealer_total']})" if "dealer_total" in facts else ""
+        style = (
+            "body{font:15px sans-serif;background:#1f6b3a;color:#fff;padding:8px}"
+            ".card{display:inline-block;width:46px;height:66px;margin:4px;border-radius:6px;background:#fff;"
+            "color:#222;font:bold 22px sans-serif;text-align:center;line-height:66px}"
+            ".back{background:#8a1c1c;color:#fff}"
+        )
+        return (
+            f"<style>{style}</style><p>Dealer{dealer_total}</p><div id='cards-dealer'>{dealer_hand}</div>"
+            f"<p>You (total {facts.get('player_total', '?')})</p><div id='cards-you'>{hand(facts['player_cards'])}</div>"
+            f"<p>{text}</p>"
+        )
+
+    def web_actions(self, observation: dict) -> List[tuple]:
+        """A button per legal action, named as the observation names it."""
+        actions = observation.get("legal_actions") or []
+        names = observation.get("legal_action_names") or [str(a) for a in actions]
+        game = observation.get("game_name") or self._state.game_name
+        return [(name, {"action_id": a, "game_name": game}) for a, name in zip(actions, names, strict=False)]
 
     def get_metadata(self) -> EnvironmentMetadata:
         return EnvironmentMetadata(

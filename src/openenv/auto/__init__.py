@@ -3,6 +3,7 @@
 env = AutoEnv.from_env("echo")          # the echo_env client, its server in a sandbox
 with env.sync() as client: ...
 Action = AutoAction.from_env("echo")     # its action class
+env = AutoEnv.from_env("org/name")      # a Hugging Face Space: see openenv.auto.hub
 """
 
 from __future__ import annotations
@@ -25,6 +26,12 @@ def _info(name: str) -> EnvInfo:
             if info.path == manifest.path:
                 return info
         raise ValueError(f"{path} is an environment package but is not installed: pip install -e {path}")
+    from . import hub
+
+    if hub.is_hub_id(name):  # a Space whose package is installed here under the Space's name
+        found = discover_environments().get(normalize(hub.repo_id_of(name).split("/")[1]))
+        if found is not None:
+            return found
     return resolve_environment(name)
 
 
@@ -51,24 +58,35 @@ class AutoEnv:
         server starts in a sandbox when the client connects and stops when it closes
         (``docker_image`` / ``container_provider`` run it with Docker instead).
 
-        ``name`` is an installed package's name or its directory. Packages are never installed
-        from the Hub here: install them with pip first (``trust_remote_code`` and
-        ``skip_install`` are accepted for compatibility and change nothing).
+        ``name`` is an installed package's name or its directory, or a Hugging Face Space id
+        (``"org/name"``, see :mod:`openenv.auto.hub`): a running Space is used as it is; else its
+        package is fetched and served in the sandbox, only with ``trust_remote_code=True`` or
+        ``OPENENV_TRUST_REMOTE_CODE=1`` (a :class:`~openenv.auto.hub.RemoteCodeNotTrusted`
+        error says so otherwise). Nothing is pip-installed.
         """
+        from . import hub
+
         if skip_install and base_url:
             from ..core.generic_client import GenericEnvClient
 
             return GenericEnvClient(base_url=base_url, **kwargs)
+        if env_vars:
+            kwargs["env_vars"] = env_vars
+        if hub.is_hub_id(name) and base_url is None:
+            if docker_image is not None or container_provider is not None:
+                client_cls = hub.client_class(hub.repo_id_of(name).split("/")[1], None)
+                if docker_image is not None:
+                    return client_cls.from_docker_image(docker_image, provider=container_provider, **kwargs)
+                return client_cls.from_env(name, provider=container_provider, use_docker=True, **kwargs)
+            kwargs.setdefault("start_timeout_s", wait_timeout)
+            return hub.load(name, trust_remote_code=trust_remote_code, skip_install=skip_install, **kwargs)
         client_cls = _info(name).client_class()
         if base_url is not None:
+            kwargs.pop("env_vars", None)
             return client_cls(base_url=base_url, **kwargs)
         if docker_image is not None or container_provider is not None:
             image = docker_image or f"{normalize(name).replace('_', '-')}-env:latest"
-            if env_vars:
-                kwargs["env_vars"] = env_vars
             return client_cls.from_docker_image(image, provider=container_provider, **kwargs)
-        if env_vars:
-            kwargs["env_vars"] = env_vars
         kwargs.setdefault("start_timeout_s", wait_timeout)
         return client_cls.from_env(str(_info(name).path), **kwargs)
 

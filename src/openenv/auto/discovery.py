@@ -141,10 +141,10 @@ def _not_found(name: str, installed: List[str]) -> str:
     if "/" in name.strip("/") and not Path(name).expanduser().exists():
         repo = name.strip("/").split("/spaces/")[-1]
         return (
-            f"{name!r} looks like a Hugging Face Hub id, and AutoEnv has no Hub loader: it finds "
-            "installed packages only. Install the Space's package with pip "
-            f"(pip install git+https://huggingface.co/spaces/{repo}) and pass its name, or connect a "
-            "client to the running Space (base_url='https://<owner>-<space>.hf.space')"
+            f"{name!r} is a Hugging Face Space id, and no package of that name is installed here. "
+            f"AutoEnv.from_env({repo!r}) connects to the running Space (or, with trust_remote_code=True, "
+            "serves its package in a sandbox); the Space's own classes are its code and need its package "
+            f"installed: pip install git+https://huggingface.co/spaces/{repo}"
         )
     key = normalize(name)
     near = difflib.get_close_matches(key, installed, n=1, cutoff=0.6)

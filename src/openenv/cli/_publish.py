@@ -191,9 +191,12 @@ def _copy_link(source: Path, dest: Path) -> None:
 # -- the Space layout -----------------------------------------------------------------------------
 
 
-def space_layout(staged: Path, manifest: EnvManifest) -> List[str]:
+def space_layout(staged: Path, manifest: EnvManifest, web: bool = True) -> List[str]:
     """Turn a staged package into a Docker Space: the Dockerfile at the root, and README front
-    matter with ``sdk: docker`` and ``app_port`` (the manifest's ``port``). Returns what changed."""
+    matter with ``sdk: docker`` and ``app_port`` (the manifest's ``port``). With ``web`` (as
+    upstream does for Spaces) the Space opens on the web playground: ``base_path: /web`` in the
+    front matter (unless it names another) and ``ENV ENABLE_WEB_INTERFACE=true`` in the
+    Dockerfile (unless it sets that variable itself). Returns what changed."""
     changes = []
     dockerfile = find_dockerfile(staged)
     if dockerfile is None:
@@ -204,14 +207,44 @@ def space_layout(staged: Path, manifest: EnvManifest) -> List[str]:
         else:
             changes.append(f"{dockerfile} moved to the root")
         os.replace(staged / dockerfile, staged / "Dockerfile")
+    if web:
+        docker_text = (staged / "Dockerfile").read_text(encoding="utf-8")
+        with_web = with_web_interface(docker_text)
+        if with_web != docker_text:
+            (staged / "Dockerfile").write_text(with_web, encoding="utf-8")
+            changes.append(f"Dockerfile: added {WEB_ENV_LINE.strip()} (the Space opens on the web playground)")
     readme = staged / "README.md"
     text = readme.read_text(encoding="utf-8")
     wanted = {"sdk": "docker", "app_port": manifest.port or SPACE_PORT_DEFAULT}
-    new_text, readme_changes = space_front_matter(text, wanted, {"title": manifest.name, "tags": ["openenv"]})
+    defaults: Dict[str, Any] = {"title": manifest.name, "tags": ["openenv"]}
+    if web:
+        defaults["base_path"] = "/web"
+    new_text, readme_changes = space_front_matter(text, wanted, defaults)
     if new_text != text:
         readme.write_text(new_text, encoding="utf-8")
         changes.extend(f"README.md: {change}" for change in readme_changes)
     return changes
+
+
+WEB_ENV_LINE = "ENV ENABLE_WEB_INTERFACE=true\n"
+_WEB_ENV_BLOCK = "# openenv push: the Space opens on the web playground (/web)\n" + WEB_ENV_LINE + "\n"
+
+
+def with_web_interface(dockerfile: str) -> str:
+    """``dockerfile`` with :data:`WEB_ENV_LINE` before its first ``CMD`` instruction (at its end
+    when it has none); unchanged when it names ``ENABLE_WEB_INTERFACE`` already."""
+    if "ENABLE_WEB_INTERFACE" in dockerfile:
+        return dockerfile
+    lines = dockerfile.splitlines(keepends=True)
+    continued = False  # the previous line ended in a backslash: this one belongs to its instruction
+    for index, line in enumerate(lines):
+        if not continued and re.match(r"\s*CMD\b", line, re.IGNORECASE):
+            while index > 0 and lines[index - 1].lstrip().startswith("#"):  # above the CMD's comment
+                index -= 1
+            return "".join([*lines[:index], _WEB_ENV_BLOCK, *lines[index:]])
+        stripped = line.rstrip("\r\n")
+        continued = stripped.endswith("\\") or (continued and not stripped.strip())
+    return dockerfile + ("" if dockerfile.endswith("\n") or not dockerfile else "\n") + WEB_ENV_LINE
 
 
 def _yaml_line(key: str, value: Any) -> str:

@@ -277,7 +277,7 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         name_or_path: str,
         *,
         provider: Any = None,
-        use_docker: bool = False,
+        use_docker: Optional[bool] = None,
         isolation: str = "sandbox",
         **kwargs: Any,
     ) -> Any:
@@ -286,28 +286,44 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         ``name_or_path`` is an environment package directory (with ``openenv.yaml``) or the name of
         an installed one (``"echo_env"``, ``"echo"``): it is served in a
         :class:`~openenv.core.containers.runtime.SandboxProvider` (``isolation="none"`` for a plain
-        process). A Hugging Face Space id (``"org/name"``), or ``use_docker=True``, runs the
-        Space's image with Docker instead, as OpenEnv 0.10 does. Keyword arguments of the client's
-        constructor go to the client, the rest to the provider. The result can be awaited
-        (``client = await Env.from_env(...)``), entered (``async with`` / ``with``), or made
-        blocking with ``.sync()``.
+        process). A Hugging Face Space id (``"org/name"``) runs, as OpenEnv 0.10 does, the Space's
+        image ``registry.hf.space/<org-name>:<tag>`` (``tag``, default ``latest``) through
+        ``provider`` (default: a :class:`~openenv.core.containers.runtime.LocalDockerProvider`);
+        with ``use_docker=False`` its package is fetched from the Space's repository and served in
+        the sandbox instead, which needs ``trust_remote_code=True`` or
+        ``OPENENV_TRUST_REMOTE_CODE=1`` (see :mod:`openenv.auto.hub`). Keyword arguments of the
+        client's constructor go to the client; ``port``, ``env_vars`` and ``workers`` start the
+        container; the rest go to the provider this makes (with ``provider`` given, they are a
+        ``ValueError``). The result can be awaited (``client = await Env.from_env(...)``),
+        entered (``async with`` / ``with``), or made blocking with ``.sync()``.
         """
-        client_kwargs, provider_kwargs = _split_kwargs(cls, kwargs)
+        from ..auto import hub
+        from .utils import hf_space_subdomain
+
+        client_kwargs, provider_kwargs = split_client_kwargs(cls, kwargs)
+        from_hub = hub.is_hub_id(name_or_path)
+        if use_docker or (from_hub and use_docker is None):
+            repo_id = hub.repo_id_of(name_or_path) if from_hub else name_or_path
+            image = f"registry.hf.space/{hf_space_subdomain(repo_id)}:{provider_kwargs.pop('tag', 'latest')}"
+            start = {k: provider_kwargs.pop(k) for k in ("port", "env_vars", "workers") if k in provider_kwargs}
+            if provider is not None and provider_kwargs:
+                raise ValueError(f"pass either a provider or provider arguments, not both: {sorted(provider_kwargs)}")
+            return cls.from_docker_image(image, provider=provider, **client_kwargs, **start, **provider_kwargs)
         if provider is not None:
             if provider_kwargs:
                 raise ValueError(f"pass either a provider or provider arguments, not both: {sorted(provider_kwargs)}")
             return cls(provider=provider, **client_kwargs)
+        if from_hub:
+            trust = bool(provider_kwargs.pop("trust_remote_code", False))
+            space = hub.sandboxed_space(
+                hub.repo_id_of(name_or_path), trust_remote_code=trust, isolation=isolation, **provider_kwargs
+            )
+            return cls(provider=space, **client_kwargs)
         from pathlib import Path
 
-        path = Path(name_or_path).expanduser()
-        if use_docker or (not path.exists() and "/" in name_or_path and not name_or_path.startswith((".", "/"))):
-            from .utils import hf_space_subdomain
-
-            tag = provider_kwargs.pop("tag", "latest")
-            image = f"registry.hf.space/{hf_space_subdomain(name_or_path)}:{tag}"
-            return cls.from_docker_image(image, **client_kwargs, **provider_kwargs)
         from .containers.runtime.sandbox import SandboxProvider
 
+        path = Path(name_or_path).expanduser()
         if path.exists():
             project = str(path)
         else:
@@ -321,7 +337,7 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         """A client whose server is a Docker container of ``image`` (started on connect, removed on
         close). Keyword arguments of the client's constructor go to the client, the rest to
         ``provider.start_container``."""
-        client_kwargs, start_kwargs = _split_kwargs(cls, kwargs)
+        client_kwargs, start_kwargs = split_client_kwargs(cls, kwargs)
         if provider is None:
             from .containers.runtime.docker import LocalDockerProvider
 
@@ -661,7 +677,7 @@ def _quietly(fn: Callable[[], Any]) -> None:
         logger.warning("stopping a server whose start was cancelled failed", exc_info=True)
 
 
-def _split_kwargs(cls: type, kwargs: Dict[str, Any]) -> tuple:
+def split_client_kwargs(cls: type, kwargs: Dict[str, Any]) -> tuple:
     """Split keyword arguments into the client constructor's and the rest."""
     accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "base_url", "provider"}
     client = {k: v for k, v in kwargs.items() if k in accepted}

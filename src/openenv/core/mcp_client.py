@@ -3,8 +3,9 @@
 ``MCPToolClient`` keeps OpenEnv 0.10's production handshake: it creates the session over HTTP
 (``POST /mcp`` ``openenv/session/create``) and attaches its WebSocket to it
 (``/ws?session_id=...``), so reset/step/state and tool calls act on one environment instance.
-Tool listings and calls travel as ``{"type": "mcp"}`` frames on that WebSocket. In
-``simulation`` mode the WebSocket owns its session and no HTTP request is made.
+Tool listings and calls travel as ``{"type": "mcp"}`` frames on that WebSocket. As upstream's,
+MCP clients speak only ``production`` mode: asking one for ``simulation`` is a ``ValueError``
+(a ``GenericEnvClient``, or any ``EnvClient``, drives an environment in simulation mode).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def _parse_tool(entry: Dict[str, Any]) -> Tool:
 
 
 class MCPClientBase(EnvClient[Any, Observation, State]):
-    """Base of MCP environment clients (mode defaults to ``production``)."""
+    """Base of MCP environment clients; ``mode`` is ``production`` (the default) or a ``ValueError``."""
 
     def __init__(
         self,
@@ -88,6 +89,11 @@ class MCPClientBase(EnvClient[Any, Observation, State]):
         max_message_size_mb: float = 100.0,
         headers: Optional[Dict[str, str]] = None,
     ) -> None:
+        if mode is not None and str(mode).lower() != "production":
+            raise ValueError(
+                f"{type(self).__name__} only supports 'production' mode, got {mode!r}: leave mode unset, "
+                "or use GenericEnvClient (or another EnvClient) for simulation mode"
+            )
         super().__init__(
             base_url=base_url,
             connect_timeout_s=connect_timeout_s,
@@ -107,7 +113,7 @@ class MCPClientBase(EnvClient[Any, Observation, State]):
 
     @property
     def session_id(self) -> Optional[str]:
-        """The server session this client drives (production mode), once connected."""
+        """The server session this client drives, once connected."""
         return self._production_session_id
 
     # --- session handshake --------------------------------------------------------------------
@@ -138,7 +144,7 @@ class MCPClientBase(EnvClient[Any, Observation, State]):
         return response.json()
 
     async def _before_connect(self, endpoint: Endpoint) -> None:
-        if self._mode != "production" or self._production_session_id is not None:
+        if self._production_session_id is not None:
             return
         try:
             body = await self._http_rpc(endpoint, "openenv/session/create", {})
@@ -156,7 +162,7 @@ class MCPClientBase(EnvClient[Any, Observation, State]):
         self._production_session_id = body["result"]["session_id"]
 
     def _ws_path(self) -> str:
-        if self._mode == "production" and self._production_session_id:
+        if self._production_session_id:
             return f"/ws?session_id={self._production_session_id}"
         return "/ws"
 

@@ -2,7 +2,9 @@
 
 Both destinations get the same staged copy of the package (see :mod:`openenv.cli._publish`: no
 ``.git``, ``.venv``, ``.env``, caches or build outputs). A Space also gets the Space layout: the
-Dockerfile at its root and README front matter with ``sdk: docker`` and ``app_port``.
+Dockerfile at its root and README front matter with ``sdk: docker`` and ``app_port``, and (unless
+``--no-interface``) opens on the web playground: ``base_path: /web`` and ``ENV
+ENABLE_WEB_INTERFACE=true``, as upstream's ``openenv push`` sets up.
 
 A git remote receives a new commit on top of its branch (when the branch exists), holding exactly
 the staged files: a second push adds a commit, it never rewrites history, and a push with nothing
@@ -40,14 +42,19 @@ def _report(manifest: EnvManifest, files: Sequence[str], changes: Sequence[str],
 
 
 def push_to_space(
-    manifest: EnvManifest, repo_id: Optional[str], private: bool, excludes: Sequence[str], message: str
+    manifest: EnvManifest,
+    repo_id: Optional[str],
+    private: bool,
+    excludes: Sequence[str],
+    message: str,
+    web: bool = True,
 ) -> str:
     """Upload the staged package to the Docker Space ``repo_id`` (made when absent); return its URL."""
     api = _publish.hf_api()
     with tempfile.TemporaryDirectory(prefix="openenv-push-") as scratch:
         staged = Path(scratch) / "space"
         files = _publish.stage(manifest.path, staged, excludes)
-        changes = _publish.space_layout(staged, manifest)
+        changes = _publish.space_layout(staged, manifest, web)
         user = _publish.hub_user(api)
         repo = _publish.resolve_repo_id(repo_id, manifest.name, user)
         _report(manifest, files, changes, f"the Hugging Face Space {repo}")
@@ -119,7 +126,12 @@ def _default_branch(location: str, work: Path) -> str:
 
 
 def push_to_git(
-    manifest: EnvManifest, remote: str, branch: Optional[str], excludes: Sequence[str], message: str
+    manifest: EnvManifest,
+    remote: str,
+    branch: Optional[str],
+    excludes: Sequence[str],
+    message: str,
+    web: bool = True,
 ) -> str:
     """Commit the staged package on top of ``branch`` of ``remote`` (default: the remote's default
     branch) and push it; return the commit id."""
@@ -130,7 +142,7 @@ def push_to_git(
     with tempfile.TemporaryDirectory(prefix="openenv-push-") as scratch:
         work = Path(scratch) / "repo"
         files = _publish.stage(manifest.path, work, excludes)
-        changes = _publish.space_layout(work, manifest) if _SPACE_URL.match(location) else []
+        changes = _publish.space_layout(work, manifest, web) if _SPACE_URL.match(location) else []
         _git(["init", "-q"], work)
         branch = branch or _default_branch(location, work)
         if _git(["check-ref-format", f"refs/heads/{branch}"], work, check=False).returncode != 0:
@@ -194,6 +206,11 @@ def register(app: typer.Typer) -> None:
             "(a trailing / matches directories only); repeat for more.",
         ),
         message: Optional[str] = typer.Option(None, "--message", "-m", metavar="TEXT", help="The commit message."),
+        interface: bool = typer.Option(
+            True,
+            "--interface/--no-interface",
+            help="A Space opens on the web playground (base_path: /web, ENABLE_WEB_INTERFACE=true in its Dockerfile).",
+        ),
     ) -> None:
         """Publish the environment package to a Hugging Face Space (or, with --git-remote, a git repository).
 
@@ -209,6 +226,6 @@ def register(app: typer.Typer) -> None:
         excludes = list(exclude or ())
         text = message or f"openenv push: {manifest.name}" + (f" {manifest.version}" if manifest.version else "")
         if git_remote is not None:
-            out.print(push_to_git(manifest, git_remote, branch, excludes, text), markup=False)
+            out.print(push_to_git(manifest, git_remote, branch, excludes, text, interface), markup=False)
         else:
-            out.print(push_to_space(manifest, repo_id, private, excludes, text), markup=False)
+            out.print(push_to_space(manifest, repo_id, private, excludes, text, interface), markup=False)

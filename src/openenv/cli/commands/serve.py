@@ -58,25 +58,46 @@ def register(app: typer.Typer) -> None:
         memory_mb: int = typer.Option(
             2048, "--memory-mb", min=64, metavar="MB", help="Memory limit of the sandboxed server."
         ),
+        workers: int = typer.Option(
+            1,
+            "--workers",
+            "-w",
+            min=1,
+            metavar="N",
+            help="Sandboxed server processes behind the one address (each holds --max-sessions); see docs/scale.md.",
+        ),
         env: List[str] = typer.Option(
             [], "--env", "-e", metavar="KEY=VALUE", help="KEY=VALUE for the server's environment (repeatable)."
+        ),
+        web: bool = typer.Option(
+            False,
+            "--web",
+            metavar="",
+            help="Also serve the web playground at http://HOST:PORT/web/ (ENABLE_WEB_INTERFACE=1).",
         ),
     ) -> None:
         """Serve an environment on [bold]http://HOST:PORT[/], in the sandbox unless told otherwise.
 
         The server runs isolated (its own namespaces, no network, a read-only system, memory and process limits) and listens on a Unix socket; this command forwards TCP connections to it, prints the server's log and a client snippet to paste. Ctrl-C stops everything. With OPENENV_AUTH_TOKEN set, the server requires it as a bearer token from every client.
         """
+        if reload and workers > 1:
+            raise CLIError(
+                "--reload restarts one server process; it does not go with --workers: "
+                "develop with one (drop --workers), serve with many (drop --reload)"
+            )
         manifest = load_package(path)
-        env_vars = _server_env(host, env, max_sessions)
-        server = _Serve(manifest, host, port, sandbox, reload, env_vars, network, memory_mb)
+        env_vars = _server_env(host, env, max_sessions, web)
+        server = _Serve(manifest, host, port, sandbox, reload, env_vars, network, memory_mb, workers)
         raise typer.Exit(server.run())
 
 
-def _server_env(host: str, pairs: List[str], max_sessions: Optional[int]) -> Dict[str, str]:
+def _server_env(host: str, pairs: List[str], max_sessions: Optional[int], web: bool = False) -> Dict[str, str]:
     """The server's environment variables: ``--env`` pairs and what the options imply."""
     env_vars = _parse_env(pairs)
     if max_sessions is not None:
         env_vars["OPENENV_MAX_SESSIONS"] = str(max_sessions)
+    if web:
+        env_vars["ENABLE_WEB_INTERFACE"] = "1"
     if not is_local_host(host):
         # Every client reaches the server through this command's forwarder, on a Unix socket,
         # so the server would take them all for local ones and send them exception texts.
@@ -108,33 +129,41 @@ class _Serve:
         env_vars: Dict[str, str],
         network: bool,
         memory_mb: int,
+        workers: int = 1,
     ) -> None:
         self.manifest = manifest
+        self.workers = workers
         self.host, self.port = host, port
         self.sandbox, self.reload = sandbox, reload
         self.env_vars, self.network, self.memory_mb = env_vars, network, memory_mb
         self.provider = None
-        self._log_path: Optional[Path] = None
-        self._log_offset = 0
+        self.pool = None
+        self._log_offsets: Dict[Path, int] = {}
 
     # --- the server in its sandbox ---------------------------------------------------------------
 
+    def _options(self) -> Dict[str, object]:
+        return {
+            "isolation": "sandbox" if self.sandbox else "none",
+            "network": self.network,
+            "memory_mb": self.memory_mb,
+            "env_vars": self.env_vars,
+            # Warm starts fork from a warden that holds the framework, never the package: a
+            # reloaded server imports the changed code.
+            "warm": True,
+            "log_level": "info",
+        }
+
     def _new_provider(self):
-        from openenv.core.containers.runtime import SandboxProvider
+        from openenv.core.containers.runtime import SandboxPool, SandboxProvider
         from openenv.core.containers.runtime.isolation import IsolationError
 
         try:
-            return SandboxProvider(
-                str(self.manifest.path),
-                isolation="sandbox" if self.sandbox else "none",
-                network=self.network,
-                memory_mb=self.memory_mb,
-                env_vars=self.env_vars,
-                # Warm starts fork from a warden that holds the framework, never the package: a
-                # reloaded server imports the changed code.
-                warm=True,
-                log_level="info",
-            )
+            if self.workers > 1:
+                return SandboxPool(
+                    str(self.manifest.path), self.workers, host=self.host, port=self.port, **self._options()
+                )
+            return SandboxProvider(str(self.manifest.path), **self._options())
         except IsolationError as exc:
             raise CLIError(f"{exc}\n(or serve without isolation: --no-sandbox)") from None
 
@@ -159,6 +188,8 @@ class _Serve:
             return 130
 
     async def _main(self) -> int:
+        if self.workers > 1:
+            return await self._main_pool()
         from openenv.core.containers.runtime.forward import UnixForwarder
 
         loop = asyncio.get_running_loop()
@@ -199,29 +230,65 @@ class _Serve:
                 loop.remove_signal_handler(sig)
             err.print("Stopped.")
 
+    async def _main_pool(self) -> int:
+        """``--workers N``: a :class:`SandboxPool` binds the address and runs the workers."""
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        self.pool = self._new_provider()
+        try:
+            mode = "sandboxed" if self.sandbox else "WITHOUT isolation"
+            with err.status(f"Starting {self.workers} processes of {self.manifest.name} ({mode})..."):
+                try:
+                    await loop.run_in_executor(None, self.pool.start)
+                except OSError as exc:
+                    if exc.errno == errno.EADDRINUSE:
+                        raise CLIError(
+                            f"port {self.port} on {self.host} is in use; pick another with --port (0 picks a free one)"
+                        ) from None
+                    raise CLIError(f"cannot listen on {self.host}:{self.port}: {exc}") from None
+                except (RuntimeError, TimeoutError) as exc:
+                    raise CLIError(str(exc)) from None
+            self._announce(*self.pool.front.address)
+            follower = asyncio.ensure_future(self._follow_log())
+            await stop.wait()
+            follower.cancel()
+            self._copy_log()
+            err.print("Stopping...")
+            return 0
+        finally:
+            await loop.run_in_executor(None, self.pool.stop)
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+            err.print("Stopped.")
+
     async def _follow_log(self) -> None:
-        """Copy the server's log to stderr as it grows (across reloads)."""
+        """Copy the servers' logs to stderr as they grow (across reloads and restarts)."""
         while True:
             self._copy_log()
             await asyncio.sleep(0.2)
 
     def _copy_log(self) -> None:
-        path = self.provider.log_path if self.provider is not None else None
-        if path != self._log_path:
-            self._log_path, self._log_offset = path, 0
-        if path is None:
-            return
         from openenv.core.containers.runtime.sandbox import read_log
 
-        chunk, size = read_log(path, self._log_offset)
-        if size < self._log_offset:
-            self._log_offset = 0  # the log reached its bound and started over
-            chunk, size = read_log(path, 0)
-        complete = chunk.rfind(b"\n") + 1  # whole lines only
-        if complete:
-            self._log_offset += complete
-            sys.stderr.write(chunk[:complete].decode(errors="replace"))
-            sys.stderr.flush()
+        providers = list(self.pool.providers.items()) if self.pool is not None else [("", self.provider)]
+        paths = {p.log_path: name for name, p in providers if p is not None and p.log_path is not None}
+        self._log_offsets = {path: self._log_offsets.get(path, 0) for path in paths}  # forget stopped ones
+        for path, name in paths.items():
+            offset = self._log_offsets[path]
+            chunk, size = read_log(path, offset)
+            if size < offset:
+                offset = 0  # the log reached its bound and started over
+                chunk, size = read_log(path, 0)
+            complete = chunk.rfind(b"\n") + 1  # whole lines only
+            if complete:
+                self._log_offsets[path] = offset + complete
+                text = chunk[:complete].decode(errors="replace")
+                if name:  # which worker said it
+                    text = "".join(f"[{name}] {line}" for line in text.splitlines(keepends=True))
+                sys.stderr.write(text)
+                sys.stderr.flush()
 
     async def _watch(self, forwarder) -> None:
         from watchfiles import awatch
@@ -253,7 +320,10 @@ class _Serve:
             if self.sandbox
             else "NOT isolated: it can reach this machine's files and network"
         )
-        err.print(f"[bold green]Serving[/] {self.manifest.name} at [bold]{url}[/] ({isolation})")
+        workers = f", {self.workers} processes" if self.workers > 1 else ""
+        err.print(f"[bold green]Serving[/] {self.manifest.name} at [bold]{url}[/] ({isolation}{workers})")
+        if self.env_vars.get("ENABLE_WEB_INTERFACE", "").lower() in ("1", "true", "yes", "on"):
+            err.print(f"Play it in a browser: [bold]{url}/web/[/]")
         token = self.env_vars.get("OPENENV_AUTH_TOKEN")
         if token:
             err.print(

@@ -88,13 +88,10 @@ _EXPORTS.update(
         "SessionManager": ".sessions",
         "GetEndpointConfig": ".route_config",
         "MCPEnvironment": ".mcp_environment",
+        "create_web_interface_app": ".http_server",
+        "WebInterfaceManager": ".web",
     }
 )
-# None until this package has a web interface (upstream's names, kept for code that tests them).
-_OPTIONAL = {
-    "create_web_interface_app": ".web_interface",
-    "WebInterfaceManager": ".web_interface",
-}
 
-__all__ = sorted(set(_EXPORTS) | set(_OPTIONAL))
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _OPTIONAL)
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

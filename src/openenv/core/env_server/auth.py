@@ -6,7 +6,9 @@ HTTP request and WebSocket handshake must carry ``Authorization: Bearer <token>`
 is answered 401 (``{"detail", "code": "UNAUTHORIZED"}``, ``WWW-Authenticate: Bearer``, and the
 connection closed) before a route runs, a body is read or a session is made. A WebSocket is
 refused during its handshake, so the client sees the 401 too. ``GET /health`` stays open for
-load balancers and health polls.
+load balancers and health polls, and so do the web playground's own files (its HTML, CSS and
+JavaScript, see :mod:`.web`), where it is served: a browser cannot add a header to a page it
+navigates to. The page asks for the token and sends it as this header with every call it makes.
 
 Clients send the token as a header: ``EnvClient(base_url, headers={"Authorization": "Bearer
 <token>"})`` (upstream's clients take the same ``headers``), ``httpx`` / ``curl -H``, or the
@@ -39,9 +41,10 @@ def checked_token(token: Optional[str]) -> Optional[bytes]:
     return token.encode()
 
 
-def is_open(scope: Dict[str, Any], path: str) -> bool:
-    """Whether ``scope`` needs no token: an HTTP GET of ``/health``, nothing else."""
-    return scope["type"] == "http" and path in OPEN_PATHS and scope.get("method") == "GET"
+def is_open(scope: Dict[str, Any], path: str, open_paths: frozenset = OPEN_PATHS) -> bool:
+    """Whether ``scope`` needs no token: an HTTP GET of one of ``open_paths`` (``/health``, and
+    the web page's files where it is served: they hold no data), nothing else."""
+    return scope["type"] == "http" and path in open_paths and scope.get("method") == "GET"
 
 
 def authorized(scope: Dict[str, Any], token: bytes) -> bool:

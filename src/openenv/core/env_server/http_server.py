@@ -3,7 +3,7 @@
 Routes (OpenEnv 0.10): ``GET /health``, ``GET /schema``, ``GET /metadata``, ``POST /reset``,
 ``POST /step``, ``GET /state`` (simulation mode only), ``WS /ws``, ``POST /mcp`` and ``WS /mcp``,
 the Task API (``/list_environments``, ``/{env_name}/splits|tasks|num_tasks|task|task_range``) and
-FastAPI's ``/docs``. HTTP ``/reset``, ``/step`` and ``/state`` are stateless (a fresh environment per
+FastAPI's ``/docs``; an extension, ``GET /openenv/capacity`` (sessions open and the limit). HTTP ``/reset``, ``/step`` and ``/state`` are stateless (a fresh environment per
 call) unless the request names a session created with ``openenv/session/create``: a
 ``session_id`` key in the body, or ``?session_id=`` for ``/state``.
 """
@@ -13,11 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import json
 import logging
 import math
 import operator
-import os
 from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Optional, Type, Union
 
 import pydantic
@@ -28,12 +26,11 @@ from fastapi.responses import JSONResponse, Response
 from typing_extensions import Unpack
 
 from . import auth
-from . import error_details as shown_errors
-from .exceptions import EXECUTION, VALIDATION, EnvironmentCallError, EnvironmentResultError, OpenEnvError, kind_of
+from .exceptions import EnvironmentCallError, EnvironmentResultError
 from .interfaces import Environment
 from .limits import InFlightBudget
 from .mcp_endpoint import MCPDispatcher
-from .middleware import BearerAuth, BodyLimits, ErrorDetailsScope
+from .middleware import BearerAuth, BodyLimits, ErrorDetailsScope, http_error
 from .serialization import deserialize_action, serialize_observation, to_json_bytes, to_jsonable
 from .sessions import Session, SessionManager
 from .settings import ServerOptions, ServerSettings, check_argument, tuned_gc
@@ -73,20 +70,6 @@ def _json_response(content: Any, status: int = 200) -> Response:
 async def _request_validation_error(request: Request, exc: RequestValidationError) -> Response:
     """FastAPI's 422 for an invalid request body, in the same shape, but able to echo NaN inputs."""
     return _json_response({"detail": jsonable_encoder(exc.errors())}, status=422)
-
-
-def http_error(exc: BaseException) -> Response:
-    """The HTTP answer to ``exc``, by the table of :mod:`.exceptions`: an invalid message's 422
-    with pydantic's errors, an OpenEnv error's status and ``{"detail", "code"}``; anything else a
-    500 worded by :func:`.error_details.describe`."""
-    kind = kind_of(exc)
-    if kind is VALIDATION:
-        return _json_response({"detail": json.loads(exc.json())}, status=422)  # type: ignore[attr-defined]
-    if isinstance(exc, OpenEnvError) and kind is not EXECUTION:
-        detail = exc.text
-    else:
-        detail = shown_errors.describe(exc, logger, "environment call failed")
-    return JSONResponse({"detail": detail, "code": kind.ws_code}, status_code=kind.http_status)
 
 
 def _observation_response(model: Type[pydantic.BaseModel], observation: Observation) -> Dict[str, Any]:
@@ -162,6 +145,7 @@ class HTTPEnvServer:
             worker_threads=settings.worker_threads,
             attached_idle_timeout_s=limits.session_idle_timeout_s or None,
             sched_batch=settings.sched_batch,
+            session_id_prefix=settings.session_id_prefix,
         )
         self.auth_token = auth.checked_token(settings.auth_token)
         self.manager.prepare = self.prepare_session
@@ -317,12 +301,18 @@ class HTTPEnvServer:
         app.add_api_route("/mcp", mcp.close_http, methods=["DELETE"], include_in_schema=False)
         app.add_api_websocket_route("/mcp", mcp.serve_socket)
         self._register_task_routes(app)
+        open_paths = auth.OPEN_PATHS
+        if self.settings.web:
+            from .web import PAGE_PATHS, WebInterfaceManager
+
+            WebInterfaceManager(self).register(app)
+            open_paths = open_paths | PAGE_PATHS
         app.add_exception_handler(RequestValidationError, _request_validation_error)  # type: ignore[arg-type]
         # The edges (see .middleware), innermost first: Starlette wraps each added one around the previous.
         app.add_middleware(BodyLimits, limit=self.settings.limits.max_message_bytes, budget=self.budget)
         app.add_middleware(WSRoute, context=self.ws_context, routes=app.router.routes)
         if self.auth_token is not None:
-            app.add_middleware(BearerAuth, token=self.auth_token)
+            app.add_middleware(BearerAuth, token=self.auth_token, open_paths=open_paths)
         app.add_middleware(ErrorDetailsScope, choice=self.settings.error_details)
 
     def _install_lifespan(self, app: FastAPI) -> None:
@@ -407,6 +397,12 @@ class HTTPEnvServer:
         @app.get("/health", response_model=HealthResponse, tags=["Health"], summary="Health check")
         async def health() -> Dict[str, str]:
             return {"status": "healthy"}
+
+        @app.get("/openenv/capacity", response_model=ServerCapacityStatus, include_in_schema=False)
+        async def capacity() -> Any:
+            # How full this server is (an extension): the front of several server processes
+            # (`openenv serve --workers N`) sums these into its own /health.
+            return {"active_sessions": server.manager.active_sessions, "max_sessions": server.manager.max_sessions}
 
         @app.get(
             "/schema",
@@ -549,12 +545,13 @@ def create_app(
     """The app for an environment: what ``server/app.py`` of an environment package exports.
 
     Same signature as OpenEnv 0.10's ``create_app`` plus the keywords of
-    :class:`~.settings.ServerOptions` (see :class:`HTTPEnvServer`). ``ENABLE_WEB_INTERFACE`` asks
-    for the web playground, which this release does not ship: a warning says so and the API is
-    served alone.
+    :class:`~.settings.ServerOptions` (see :class:`HTTPEnvServer`). ``web=True`` (or
+    ``ENABLE_WEB_INTERFACE=1``, which decides when set) adds the web playground at ``/web/``
+    (:mod:`.web`). Upstream's Gradio arguments (``gradio_builder`` and the tab options) have no
+    effect here: the playground is a page of its own, without Gradio.
     """
-    if os.environ.get("ENABLE_WEB_INTERFACE", "").lower() in ("1", "true", "yes"):
-        logger.warning("ENABLE_WEB_INTERFACE is set but the web interface is not available; serving the API only")
+    if gradio_builder is not None:
+        logger.warning("create_app: gradio_builder is ignored (the web playground here does not use Gradio)")
     return create_fastapi_app(
         env,
         action_cls,
@@ -563,6 +560,42 @@ def create_app(
         concurrency_config,
         env_name,
         state_cls,
+        mode=mode,
+        reset_observation_cls=reset_observation_cls,
+        **options,
+    )
+
+
+def create_web_interface_app(
+    env: ENV_FACTORY,
+    action_cls: Type[Action],
+    observation_cls: Type[Observation],
+    env_name: Optional[str] = None,
+    max_concurrent_envs: Optional[int] = None,
+    concurrency_config: Optional[ConcurrencyConfig] = None,
+    gradio_builder: Optional[Callable[..., Any]] = None,
+    custom_tab_name: str = "Custom",
+    custom_tab_primary: bool = False,
+    show_default_tab: bool = True,
+    title_override: Optional[str] = None,
+    state_cls: Type[State] = State,
+    *,
+    mode: Union[ServerMode, str, None] = None,
+    reset_observation_cls: Optional[Type[Observation]] = None,
+    **options: Unpack[ServerOptions],
+) -> FastAPI:
+    """OpenEnv 0.10's name for :func:`create_app` with the web playground: ``create_app(...,
+    web=True)`` (``ENABLE_WEB_INTERFACE=0``, when set, still turns it off)."""
+    options.setdefault("web", True)
+    return create_app(
+        env,
+        action_cls,
+        observation_cls,
+        env_name,
+        max_concurrent_envs,
+        concurrency_config,
+        gradio_builder,
+        state_cls=state_cls,
         mode=mode,
         reset_observation_cls=reset_observation_cls,
         **options,

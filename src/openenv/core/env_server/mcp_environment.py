@@ -4,6 +4,11 @@ Subclass :class:`MCPEnvironment`, declare tools on a FastMCP server (``@mcp.tool
 server to ``super().__init__(mcp)``. ``ListToolsAction`` and ``CallToolAction`` sent to ``step``
 are answered from those tools; any other action goes to ``_step_impl``. Tool calls go straight to
 the FastMCP server (no in-memory MCP client round trip) and are bounded by a timeout.
+
+A tool that takes FastMCP's ``Context`` (or any parameter FastMCP injects) is called through an
+MCP client connection the environment holds open for its life: FastMCP keys ``ctx.set_state`` /
+``ctx.get_state`` by connection, so what such a tool keeps lasts across the calls of one OpenEnv
+session and stays apart from other sessions'.
 """
 
 from __future__ import annotations
@@ -70,6 +75,28 @@ def _default_pool() -> WorkerPool:
 
 
 _MODES = (None, "production", "simulation")
+_CLOSING: set = set()  # closes of MCP client connections under way (a task needs a reference)
+
+
+def _client_options() -> Dict[str, Any]:
+    """FastMCP 4 connects in the 2026 protocol era by default, where every request is a connection
+    of its own (so a Context's state would not outlive a call): ask for the handshake era."""
+    from fastmcp import Client
+
+    return {"mode": "legacy"} if "mode" in inspect.signature(Client).parameters else {}
+
+
+def _injects_parameters(tool: Any) -> bool:
+    """Whether FastMCP passes ``tool`` parameters of its own (a ``Context``, a dependency):
+    parameters of its function that its input schema does not declare."""
+    try:
+        params = inspect.signature(tool.fn).parameters
+    except (AttributeError, TypeError, ValueError):
+        return False
+    declared = (tool.parameters or {}).get("properties", {})
+    return any(n not in declared and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for n, p in params.items())
+
+
 _ModeTool = Tuple[FastMCPTool, Optional[DirectTool]]
 
 
@@ -179,6 +206,7 @@ class MCPEnvironment(Environment):
         self._has_mode_tools = False
         self._direct = DirectTools.of(mcp_server)
         self._mcp_client: Any = None
+        self._connection: Optional[Tuple[Any, asyncio.AbstractEventLoop]] = None  # (client, its loop)
 
     # --- declaring tools ---------------------------------------------------------------------
 
@@ -213,7 +241,7 @@ class MCPEnvironment(Environment):
         if self._mcp_client is None:
             from fastmcp import Client
 
-            self._mcp_client = Client(self.mcp_server)
+            self._mcp_client = Client(self.mcp_server, **_client_options())
         return self._mcp_client
 
     @contextlib.asynccontextmanager
@@ -223,6 +251,49 @@ class MCPEnvironment(Environment):
             raise RuntimeError("MCPEnvironment is closed")
         async with self.mcp_client as client:
             yield client
+
+    async def _connected_client(self) -> Any:
+        """This environment's own MCP client connection, opened on first use and kept open on the
+        running loop (see the module's docstring)."""
+        loop = asyncio.get_running_loop()
+        if self._connection is not None:
+            client, its_loop = self._connection
+            if its_loop is loop and client.is_connected():
+                return client
+            self._drop_connection()
+        from fastmcp import Client
+
+        client = Client(self.mcp_server, **_client_options())
+        await client.__aenter__()
+        self._connection = (client, loop)
+        return client
+
+    def _drop_connection(self) -> None:
+        """Close the environment's MCP client connection, from any thread."""
+        held, self._connection = self._connection, None
+        if held is None or held[1].is_closed():
+            return
+        client, loop = held
+        closing = client.__aexit__(None, None, None)
+        try:
+            on_its_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_its_loop = False
+        if on_its_loop:
+            task = loop.create_task(closing)
+            _CLOSING.add(task)
+            task.add_done_callback(_CLOSING.discard)
+        elif loop.is_running():
+            asyncio.run_coroutine_threadsafe(closing, loop)
+        else:
+            closing.close()
+
+    async def _call_with_context(self, name: str, arguments: Dict[str, Any]) -> Any:
+        result = await (await self._connected_client()).call_tool(name, arguments, raise_on_error=False)
+        if result.is_error:
+            message = " ".join(getattr(c, "text", "") for c in result.content or ()) or f"Error calling tool {name!r}"
+            raise ToolCallFailed(ToolError(error_type=ToolErrorType.EXECUTION_ERROR, message=message))
+        return result
 
     # --- listing and calling ------------------------------------------------------------------
 
@@ -311,7 +382,11 @@ class MCPEnvironment(Environment):
             except Exception as exc:  # the tool's own failure: worded as FastMCP words it
                 raise ToolBodyError(exc) from exc
         else:
-            result = await self.mcp_server.call_tool(name, arguments)
+            tool = await self.mcp_server.get_tool(name)
+            if tool is not None and _injects_parameters(tool):
+                result = await self._call_with_context(name, arguments)
+            else:
+                result = await self.mcp_server.call_tool(name, arguments)
         return tool_result_payload(result) if as_payload else result
 
     async def _run_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -351,12 +426,54 @@ class MCPEnvironment(Environment):
             self._report_reward_components(observation)
         return self._apply_transform(observation)
 
+    # --- code mode ----------------------------------------------------------------------------
+
+    @property
+    def supports_code_mode(self) -> bool:
+        """MCP environments run an agent's code that calls their tools (:meth:`execute_code`)."""
+        return True
+
+    def get_callables(self) -> Dict[str, Callable[..., Any]]:
+        """Each tool offered right now (those of the server's mode included), by name → its function."""
+        mode_tools = self._visible_mode_tools()
+        callables = {
+            t.name: t.fn
+            for t in get_server_tools(self.mcp_server)
+            if t.name not in mode_tools and t.name not in RESERVED_TOOL_NAMES and callable(getattr(t, "fn", None))
+        }
+        callables.update((name, tool.fn) for name, (tool, _) in mode_tools.items())
+        return callables
+
+    def execute_code(self, code: str, timeout_s: Optional[float] = None) -> Observation:
+        """Run an agent's Python ``code``, which may call the tools by name, in a fresh sandbox.
+
+        ``metadata={"result": <the code's result variable>}``, or ``{"error": <text>}`` when it
+        raised (a syntax error, a failing tool, an unknown name) or ran past ``timeout_s``
+        (default 30 s). The tools run here, in the environment; the code runs in the sandbox of
+        :mod:`openenv.core.tools` and reaches nothing else. Blocks: call it from a sync ``step``.
+        """
+        from ..tools.code_mode import CODE_MODE_TIMEOUT_S, run_with_tools
+
+        outcome = run_with_tools(code, self.get_callables(), timeout_s=timeout_s or CODE_MODE_TIMEOUT_S)
+        if outcome.error is not None:
+            return Observation(done=False, reward=0.0, metadata={"error": outcome.error})
+        return Observation(done=False, reward=0.0, metadata={"result": outcome.result})
+
     # --- the Environment contract -------------------------------------------------------------
 
     def step(self, action: Action, timeout_s: Optional[float] = None, **kwargs: Any) -> Observation:
         if isinstance(action, (ListToolsAction, CallToolAction)) or inspect.iscoroutinefunction(self._step_impl):
-            return run_async_safely(self.step_async(action, timeout_s=timeout_s, **kwargs))
+            return run_async_safely(self._step_on_own_loop(action, timeout_s=timeout_s, **kwargs))
         return self._step_impl(action, timeout_s=timeout_s, **kwargs)
+
+    async def _step_on_own_loop(self, action: Action, **kwargs: Any) -> Observation:
+        # The loop ends with this call: so does any MCP client connection opened on it.
+        try:
+            return await self.step_async(action, **kwargs)
+        finally:
+            if self._connection is not None and self._connection[1] is asyncio.get_running_loop():
+                client, self._connection = self._connection[0], None
+                await client.__aexit__(None, None, None)
 
     async def step_async(self, action: Action, timeout_s: Optional[float] = None, **kwargs: Any) -> Observation:
         if isinstance(action, ListToolsAction):
@@ -385,6 +502,7 @@ class MCPEnvironment(Environment):
         """Handle an action that is not an MCP action."""
 
     def close(self) -> None:
+        self._drop_connection()
         self._mcp_client = None
         self.mcp_server = None  # type: ignore[assignment]
 

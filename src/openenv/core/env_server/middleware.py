@@ -9,15 +9,29 @@ reads them. Each answers what it refuses by the error table of :mod:`.exceptions
 
 from __future__ import annotations
 
+import json
+import logging
 from typing import Any, Dict, Optional, Tuple
+
+from starlette.responses import JSONResponse, Response
 
 from . import auth
 from . import error_details as shown_errors
 from ._compat import uvicorn as uvicorn_compat
-from .exceptions import InvalidJsonError, MessageTooLargeError, OpenEnvError, ServerBusyError
+from .exceptions import (
+    EXECUTION,
+    VALIDATION,
+    InvalidJsonError,
+    MessageTooLargeError,
+    OpenEnvError,
+    ServerBusyError,
+    kind_of,
+)
 from .limits import BUDGET_EXEMPT_BYTES, InFlightBudget
 from .mcp_types import JsonRpcResponse
 from .serialization import MAX_JSON_DEPTH, parse_json, to_json_bytes
+
+logger = logging.getLogger("openenv.server")
 
 RPC_ROUTES = frozenset({"/mcp"})
 """Routes that answer in JSON-RPC (and parse their body, depth-checked, themselves)."""
@@ -51,17 +65,19 @@ class ErrorDetailsScope:
 
 
 class BearerAuth:
-    """Refuses every request and handshake but ``GET /health`` that lacks ``token``."""
+    """Refuses every request and handshake that lacks ``token``, but a ``GET`` of one of
+    ``open_paths`` (``/health``; the web page's own files where the page is served)."""
 
-    def __init__(self, app: Any, token: bytes) -> None:
+    def __init__(self, app: Any, token: bytes, open_paths: frozenset = auth.OPEN_PATHS) -> None:
         self.app = app
         self.token = token
+        self.open_paths = open_paths
 
     async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
         if (
             scope["type"] != "lifespan"
             and not auth.authorized(scope, self.token)
-            and not auth.is_open(scope, route_path(scope))
+            and not auth.is_open(scope, route_path(scope), self.open_paths)
         ):
             await self._refuse(scope, receive, send)
             return
@@ -160,6 +176,21 @@ def _replay(body: bytes, receive: Any) -> Any:
         return pending.pop() if pending else await receive()
 
     return replay
+
+
+def http_error(exc: BaseException) -> Response:
+    """The HTTP answer to ``exc``, by the table of :mod:`.exceptions`: an invalid message's 422
+    with pydantic's errors, an OpenEnv error's status and ``{"detail", "code"}``; anything else a
+    500 worded by :func:`.error_details.describe`."""
+    kind = kind_of(exc)
+    if kind is VALIDATION:
+        body = to_json_bytes({"detail": json.loads(exc.json())})  # type: ignore[attr-defined]
+        return Response(body, status_code=422, media_type="application/json")
+    if isinstance(exc, OpenEnvError) and kind is not EXECUTION:
+        detail = exc.text
+    else:
+        detail = shown_errors.describe(exc, logger, "environment call failed")
+    return JSONResponse({"detail": detail, "code": kind.ws_code}, status_code=kind.http_status)
 
 
 async def refuse(scope: Dict[str, Any], send: Any, error: OpenEnvError) -> None:

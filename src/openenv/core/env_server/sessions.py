@@ -248,6 +248,7 @@ class SessionManager:
         worker_threads: Optional[int] = None,
         attached_idle_timeout_s: Optional[float] = None,
         sched_batch: bool = False,
+        session_id_prefix: Optional[str] = None,
     ) -> None:
         if not callable(factory):
             raise TypeError("factory must be callable")
@@ -256,6 +257,8 @@ class SessionManager:
         self._factory = factory
         self.factory_name = getattr(factory, "__name__", None) or type(factory).__name__
         self.max_sessions = max_sessions
+        # "w3-<uuid>": the id says which of several server processes holds the session.
+        self._id_prefix = f"{session_id_prefix}-" if session_id_prefix else ""
         self.session_timeout_s = DEFAULT_DETACHED_SESSION_TIMEOUT_S if session_timeout_s is None else session_timeout_s
         self.attached_idle_timeout_s = attached_idle_timeout_s or None
         self._reaped: OrderedDict[str, str] = OrderedDict()  # id -> why it was closed
@@ -357,7 +360,7 @@ class SessionManager:
             raise SessionCreationError("server is shutting down")
         if len(self._sessions) >= self.max_sessions:
             raise SessionCapacityError(len(self._sessions), self.max_sessions)
-        session = Session(str(uuid.uuid4()), kind)
+        session = Session(f"{self._id_prefix}{uuid.uuid4()}", kind)
         self._sessions[session.id] = session
         try:
             env = await self._build_env()

@@ -18,7 +18,13 @@ variable                                default     meaning
 ``OPENENV_WORKER_THREADS``              auto        threads for sync environments (0: sessions + 1, at most 16)
 ``OPENENV_ERROR_DETAILS``               auto        ``1``/``0``/``auto``: whether error answers carry an
                                                     environment exception's text (see :mod:`.error_details`)
-``OPENENV_AUTH_TOKEN``                  none        bearer token every route but ``/health`` needs
+``OPENENV_AUTH_TOKEN``                  none        bearer token every route but ``/health`` (and the web
+                                                    page's own files) needs
+``ENABLE_WEB_INTERFACE``                off         ``1``/``true``/``yes``: serve the web playground at ``/web/``
+                                                    (upstream's variable; see :mod:`.web`)
+``OPENENV_SESSION_ID_PREFIX``           none        every session id this server makes starts with it and a
+                                                    ``-`` (``w3-<uuid>``): the front of ``openenv serve
+                                                    --workers N`` routes a call naming a session by it
 ``OPENENV_LIBRARY_INTERNALS``           1           ``0``: serve through uvicorn's, websockets' and FastMCP's
                                                     public APIs only (see :mod:`._compat`): slower, and without
                                                     the limits that need their internals
@@ -121,6 +127,12 @@ def _amount(unit: str, zero: Optional[str] = "0 turns the limit off") -> Callabl
     return parse
 
 
+def _prefix(raw: str) -> str:
+    if not (raw.isascii() and raw.replace("_", "").isalnum() and len(raw) <= 32):
+        raise ValueError("must be 1 to 32 letters, digits or underscores (no '-': it ends the prefix)")
+    return raw
+
+
 def _mode(raw: str) -> ServerMode:
     try:
         return ServerMode(raw.lower())
@@ -137,9 +149,11 @@ _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "worker_threads": _count(0),
     "error_details": _auto_boolean,
     "auth_token": str,
+    "session_id_prefix": _prefix,
     "library_internals": _boolean,
     "gc_tuning": _boolean,
     "sched_batch": _boolean,
+    "web": _boolean,
     # the fields of ServerLimits, read by ServerLimits.from_env
     "max_message_mb": _amount("MiB", None),  # the largest frame accepted
     "max_inflight_mb": _amount("MiB"),
@@ -158,17 +172,23 @@ _ARGUMENTS: Mapping[str, Tuple[Tuple[type, ...], str]] = {
     "worker_threads": ((int,), "an int"),
     "error_details": ((bool,), "True, False"),
     "auth_token": ((str,), "a str"),
+    "session_id_prefix": ((str,), "a str"),
     "gc_tuning": ((bool,), "True, False"),
     "sched_batch": ((bool,), "True, False"),
+    "web": ((bool,), "True, False"),
 }
 """The fields :meth:`ServerSettings.resolve` takes as arguments: the types each may have, in code
 and in words."""
 
 
+_VARIABLES: Mapping[str, str] = {"web": "ENABLE_WEB_INTERFACE"}
+"""Fields whose variable is not ``OPENENV_<FIELD>`` (upstream's names)."""
+
+
 def read(environ: Mapping[str, str], field: str) -> Any:
     """The value of ``field``'s variable in ``environ`` (``dataclasses.MISSING`` when unset or
     blank); a ``ValueError`` naming the variable when it does not parse."""
-    name = "OPENENV_" + field.upper()
+    name = _VARIABLES.get(field) or "OPENENV_" + field.upper()
     raw = environ.get(name, "").strip()
     if not raw:
         return dataclasses.MISSING
@@ -252,6 +272,8 @@ class ServerOptions(TypedDict, total=False):
     worker_threads: Optional[int]
     error_details: Optional[bool]
     auth_token: Optional[str]
+    web: Optional[bool]
+    session_id_prefix: Optional[str]
     limits: Optional[ServerLimits]
 
 
@@ -266,9 +288,13 @@ class ServerSettings:
     worker_threads: Optional[int] = None
     error_details: Optional[bool] = None
     auth_token: Optional[str] = None
+    session_id_prefix: Optional[str] = None
+    """None: session ids are plain uuids."""
     limits: ServerLimits = dataclasses.field(default_factory=ServerLimits)
     gc_tuning: Optional[bool] = None
     sched_batch: bool = False
+    web: bool = False
+    """Serve the web playground (``ENABLE_WEB_INTERFACE``, ``create_app(..., web=True)``)."""
 
     @classmethod
     def resolve(

@@ -7,11 +7,19 @@ is in the output pipes before its reply is). Cells behave like the interactive i
 value of a final expression statement is echoed through :func:`sys.displayhook` (its ``repr``,
 unless ``None``); an exception prints its traceback to stderr and gives exit code 1;
 ``SystemExit`` gives its code and does not end the worker.
+
+A request ``{"code": ..., "tools": [names]}`` is a code-mode run instead (see :mod:`.code_mode`):
+the code runs with fresh locals and, as globals, one stub per tool. Calling a stub sends
+``{"call": name, "args": [...], "kwargs": {...}}`` and waits for ``{"return": value}`` or
+``{"raise": type name, "message": text}``. The answer is ``{"exit_code": 0, "result": ...}`` (the
+code's ``result`` variable, as JSON) or ``{"exit_code": 1, "error": text}`` (the text of what it
+raised, a SyntaxError included).
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
 import json
 import linecache
 import os
@@ -56,6 +64,38 @@ def run_cell(code: str, filename: str, namespace: Dict[str, Any]) -> int:
         return 1
 
 
+def _tool_stub(name, call):
+    def stub(*args, **kwargs):
+        return call(name, list(args), kwargs)
+
+    stub.__name__ = stub.__qualname__ = name
+    return stub
+
+
+def _tool_error(answer):
+    kind = getattr(builtins, str(answer.get("raise")), None)
+    if not (isinstance(kind, type) and issubclass(kind, Exception)) or issubclass(kind, OSError):
+        kind = RuntimeError  # the environment's own exception types do not exist here
+    return kind(answer.get("message", ""))
+
+
+def run_with_tools(request, call):
+    """The answer to a code-mode request; ``call(name, arguments)`` reaches the environment."""
+    namespace = {"__builtins__": builtins}
+    for name in request["tools"]:
+        namespace[name] = _tool_stub(name, call)
+    scope = {}
+    try:
+        exec(compile(request["code"], "<string>", "exec"), namespace, scope)
+    except BaseException as exc:  # the agent's SystemExit is its error too
+        return {"exit_code": 1, "error": str(exc)}
+    try:
+        result = json.loads(json.dumps(scope.get("result"), default=repr))
+    except ValueError as exc:  # a circular structure, say
+        return {"exit_code": 1, "error": f"result cannot be sent back: {exc}"}
+    return {"exit_code": 0, "result": result}
+
+
 def main() -> None:
     request_fd, reply_fd = int(sys.argv[1]), int(sys.argv[2])
     for fd in (request_fd, reply_fd):
@@ -70,15 +110,26 @@ def main() -> None:
     sys.argv = [""]
     sys.path[0] = ""  # imports come from the working directory, as in the interactive interpreter
     reply({"ready": True})
-    for number, line in enumerate(requests, start=1):
-        code = json.loads(line)["code"]
-        exit_code = run_cell(code, f"<cell {number}>", module.__dict__)
+
+    def call(name, args, kwargs):
+        reply({"call": name, "args": args, "kwargs": kwargs})
+        answer = json.loads(requests.readline() or "{}")
+        if "return" in answer:
+            return answer["return"]
+        raise _tool_error(answer)
+
+    for number, line in enumerate(iter(requests.readline, b""), start=1):
+        request = json.loads(line)
+        if "tools" in request:
+            answer = run_with_tools(request, call)
+        else:
+            answer = {"exit_code": run_cell(request["code"], f"<cell {number}>", module.__dict__)}
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except (OSError, ValueError):
                 pass
-        reply({"exit_code": exit_code})
+        reply(answer)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import threading
 import time
 import weakref
 from dataclasses import replace
-from typing import Any, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from openenv.core.containers.runtime.isolation import IsolationError, Limits
 from openenv.core.env_server.types import CodeExecResult
@@ -220,18 +220,45 @@ class PythonREPL:
         return await asyncio.to_thread(self.execute, code, timeout_s)
 
     def _execute(self, code: str, timeout_s: float, notes: List[str]) -> CodeExecResult:
+        return self._exchange({"code": code}, timeout_s, notes)[1]
+
+    def exchange(
+        self, request: Dict[str, Any], timeout_s: float, on_call: Callable[[Dict[str, Any]], Dict[str, Any]]
+    ) -> Tuple[Optional[Dict[str, Any]], CodeExecResult]:
+        """Send the worker one request and answer the ``{"call": ...}`` messages it sends meanwhile
+        with ``on_call``; its final answer (None when there is none: timeout, death, protocol
+        break) and the call's output. For :mod:`.code_mode`."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this PythonREPL is closed")
+            if self._sandbox is None:
+                self._start()
+            return self._exchange(request, timeout_s, [], on_call)
+
+    def _exchange(
+        self,
+        request: Dict[str, Any],
+        timeout_s: float,
+        notes: List[str],
+        on_call: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None,
+    ) -> Tuple[Optional[Dict[str, Any]], CodeExecResult]:
         sandbox, streams = self._sandbox, self._streams
         assert sandbox is not None and streams is not None and sandbox.request_w is not None
         capture = self._capture
         capture.new_call()
         streams.drain()  # output of background work since the last call belongs to this one
         deadline = time.monotonic() + timeout_s
-        streams.write(sandbox.request_w, json.dumps({"code": code}).encode() + b"\n")
-        answered = streams.run(deadline, lambda: capture.has_reply() or sandbox.exited)
-        reply = capture.next_reply() if answered else None
+        message: Dict[str, Any] = request
+        while True:
+            streams.write(sandbox.request_w, json.dumps(message).encode() + b"\n")
+            answered = streams.run(deadline, lambda: capture.has_reply() or sandbox.exited)
+            reply = capture.next_reply() if answered else None
+            if reply is None or on_call is None or "call" not in reply:
+                break
+            message = on_call(reply)
         if reply is not None and isinstance(reply.get("exit_code"), int):
             streams.drain()  # the cell's output was in the pipes before its reply
-            return self._result(notes, reply["exit_code"])
+            return reply, self._result(notes, reply["exit_code"])
         died = sandbox.exited
         self._kill_and_drain()
         if not answered:
@@ -245,7 +272,7 @@ class PythonREPL:
             exit_code, self._lost = 1, "the previous worker broke its protocol"
             note = "[the REPL worker broke its protocol (did the code write to its pipes?) and was killed]"
         self._stop()
-        return self._result(notes, exit_code, [note, "[its state is lost: the next call starts a fresh worker]"])
+        return None, self._result(notes, exit_code, [note, "[its state is lost: the next call starts a fresh worker]"])
 
     def _kill_and_drain(self) -> None:
         """Kill the worker's tree, then collect what it printed before it died."""

@@ -1,4 +1,5 @@
-"""Providers that start environment servers: in a sandbox (default), a plain process, Docker.
+"""Providers that start environment servers: in a sandbox (default), several sandboxed processes
+behind one URL (``SandboxPool``), a plain process, Docker.
 
 ``import openenv.core.containers.runtime`` is cheap: each provider is imported on first use.
 """
@@ -11,6 +12,7 @@ _EXPORTS = {
     "ContainerProvider": ".providers",
     "RuntimeProvider": ".providers",
     "SandboxProvider": ".sandbox",
+    "SandboxPool": ".pool",
     "shutdown_sandboxes": ".sandbox",
     "LocalProcessProvider": ".process",
     "LocalDockerProvider": ".docker",

@@ -3,7 +3,8 @@
 Sandboxed servers listen on a Unix socket in their own directory (no network namespace to
 reach). :class:`UnixForwarder` accepts TCP connections and relays each one, byte for byte, to
 that socket: HTTP, WebSocket upgrades and everything after them pass through untouched, so
-``http://127.0.0.1:8000`` reaches the sandbox with any client. The target may change while it
+``http://127.0.0.1:8000`` reaches the sandbox with any client. :class:`TCPRelay` is what it shares
+with the front of several servers (:mod:`.front`). The target may change while it
 runs (``openenv serve --reload`` swaps in a restarted server): connections open at the time
 stay on the old server, new ones go to the new one.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Dict, Optional, Set, Tuple
 
 from ...utils import is_loopback_ip, within
@@ -44,18 +46,14 @@ def _strip_unix(target: str) -> str:
     return target[len("unix://") :] if target.startswith("unix://") else target
 
 
-class UnixForwarder:
-    """Relay TCP connections on ``host:port`` to the Unix socket ``target`` (a path or ``unix://``)."""
+class TCPRelay:
+    """What every TCP front of Unix-socket servers shares: the listener on ``host:port``, the
+    per-client connection cap, and cutting every relayed connection on :meth:`close`. A subclass
+    says what to do with each accepted connection (:meth:`relay`)."""
 
     def __init__(
-        self,
-        target: str,
-        host: str = "127.0.0.1",
-        port: int = 8000,
-        max_per_client: Optional[int] = None,
-        cap_local: bool = False,
+        self, host: str = "127.0.0.1", port: int = 8000, max_per_client: Optional[int] = None, cap_local: bool = False
     ) -> None:
-        self.target = _strip_unix(target)
         self.host = host
         self.port = port
         if max_per_client is None:
@@ -75,13 +73,9 @@ class UnixForwarder:
             raise RuntimeError("start() the forwarder first")
         return self._server.sockets[0].getsockname()[:2]
 
-    def retarget(self, target: str) -> None:
-        """Send new connections to ``target`` from now on."""
-        self.target = _strip_unix(target)
-
     async def start(self) -> Tuple[str, int]:
         """Bind and start accepting; ``OSError`` (e.g. the port is taken) propagates."""
-        self._server = await asyncio.start_server(self._accept, self.host, self.port, limit=_CHUNK, backlog=512)
+        self._server = await asyncio.start_server(self._accept, self.host, self.port, limit=_CHUNK, backlog=4096)
         return self.address
 
     async def close(self) -> None:
@@ -97,6 +91,10 @@ class UnixForwarder:
                 await within(self._server.wait_closed(), 2.0)
             self._server = None
 
+    async def relay(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        """Serve one accepted connection (the caller closes ``client_writer`` afterwards)."""
+        raise NotImplementedError
+
     async def _accept(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
@@ -108,30 +106,17 @@ class UnixForwarder:
             with contextlib.suppress(OSError):
                 client_writer.write(_too_many(address, self.max_per_client))
                 await client_writer.drain()
+                client_writer.write_eof()
+                await linger(client_reader)
             client_writer.close()
             return
         if address:
             self.open[address] = self.open.get(address, 0) + 1
         self._tasks.add(task)
         try:
-            try:
-                server_reader, server_writer = await asyncio.open_unix_connection(self.target, limit=_CHUNK)
-            except OSError as exc:
-                logger.warning("cannot reach the environment server at %s: %s", self.target, exc)
-                with contextlib.suppress(OSError):
-                    client_writer.write(_UNAVAILABLE)
-                    await client_writer.drain()
-                return
-            upstream = asyncio.ensure_future(_pipe(client_reader, server_writer))
-            try:
-                # The server's side decides: once it has closed, the connection is over (a
-                # client that half-closed first still gets the whole answer before that).
-                await _pipe(server_reader, client_writer)
-            finally:
-                upstream.cancel()
-                with contextlib.suppress(BaseException):
-                    await upstream
-                server_writer.close()
+            await self.relay(client_reader, client_writer)
+        except (ConnectionError, OSError, asyncio.CancelledError):
+            pass  # either side went away, or close() cut it: the connection's task ends here
         finally:
             client_writer.close()
             self._tasks.discard(task)
@@ -141,6 +126,64 @@ class UnixForwarder:
                     self.open[address] = left
                 else:
                     self.open.pop(address, None)
+
+
+class UnixForwarder(TCPRelay):
+    """Relay TCP connections on ``host:port`` to the Unix socket ``target`` (a path or ``unix://``)."""
+
+    def __init__(
+        self,
+        target: str,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        max_per_client: Optional[int] = None,
+        cap_local: bool = False,
+    ) -> None:
+        super().__init__(host, port, max_per_client, cap_local)
+        self.target = _strip_unix(target)
+
+    def retarget(self, target: str) -> None:
+        """Send new connections to ``target`` from now on."""
+        self.target = _strip_unix(target)
+
+    async def relay(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        try:
+            server_reader, server_writer = await asyncio.open_unix_connection(self.target, limit=_CHUNK)
+        except OSError as exc:
+            logger.warning("cannot reach the environment server at %s: %s", self.target, exc)
+            client_writer.write(_UNAVAILABLE)
+            await client_writer.drain()
+            return
+        await splice(client_reader, client_writer, server_reader, server_writer)
+
+
+async def linger(reader: asyncio.StreamReader, seconds: float = 1.0) -> None:
+    """Read what the client still sends, for a moment: closing with unread data would reset the
+    connection, and the client might lose the answer."""
+    deadline = time.monotonic() + seconds
+    with contextlib.suppress(Exception):
+        while time.monotonic() < deadline:
+            if not await within(reader.read(_CHUNK), max(deadline - time.monotonic(), 0.0)):
+                return
+
+
+async def splice(
+    client_reader: asyncio.StreamReader,
+    client_writer: asyncio.StreamWriter,
+    server_reader: asyncio.StreamReader,
+    server_writer: asyncio.StreamWriter,
+) -> None:
+    """Copy both ways until the server's side ends, then close the server's side."""
+    upstream = asyncio.ensure_future(_pipe(client_reader, server_writer))
+    try:
+        # The server's side decides: once it has closed, the connection is over (a client that
+        # half-closed first still gets the whole answer before that).
+        await _pipe(server_reader, client_writer)
+    finally:
+        upstream.cancel()
+        with contextlib.suppress(BaseException):
+            await upstream
+        server_writer.close()
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

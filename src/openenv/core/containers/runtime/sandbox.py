@@ -629,6 +629,14 @@ class SandboxProvider(RuntimeProvider):
             time.sleep(pause)
             pause = min(pause * 1.5, 0.05)
 
+    def poll(self) -> Optional[int]:
+        """None while the server runs (or before :meth:`start`); its exit code once it has
+        exited (-1 when that is not known). Cheap enough to call every fraction of a second."""
+        try:
+            return self._exit_code()
+        except IsolationError:  # its warden is gone, and the server with it
+            return -1
+
     def _exit_code(self) -> Optional[int]:
         if self._process is not None:
             return self._process.poll()
