@@ -56,7 +56,7 @@ format: setup
 	$(PY) -m ruff format src tests envs examples bench
 	$(PY) -m ruff check --fix src tests envs examples bench
 
-bench: setup  ## throughput/latency/CPU vs a raw-websockets floor; sync hand-off; footprint; churn; sandbox start-up; Gymnasium vector env vs local; --workers scaling
+bench: setup  ## throughput/latency/CPU vs a raw-websockets floor; sync hand-off; footprint; churn; sandbox start-up; Gymnasium vector env vs local; --workers scaling; Ray replica
 	$(PY) bench/bench_ws.py
 	$(PY) bench/bench_handoff.py
 	$(PY) bench/bench_footprint.py
@@ -64,6 +64,7 @@ bench: setup  ## throughput/latency/CPU vs a raw-websockets floor; sync hand-off
 	$(PY) bench/bench_sandbox.py
 	$(PY) bench/bench_gymnasium.py
 	$(PY) bench/bench_scale.py
+	$(PY) bench/bench_ray.py
 
 train-blackjack: $(TRAIN_STAMP)  ## CPU GRPO: a tiny LM learns blackjack through the sandboxed openspiel_env (about 2 min)
 	$(PY) examples/grpo_blackjack/train.py

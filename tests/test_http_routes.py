@@ -8,6 +8,7 @@ import pytest
 from openenv.core.env_server.exceptions import ConcurrencyConfigurationError
 from openenv.core.env_server.http_server import HTTPEnvServer, create_app, create_fastapi_app
 from openenv.core.env_server.types import ConcurrencyConfig
+from openenv.core.generic_client import GenericEnvClient
 
 from .conftest import counter_app, serve
 from .envs import TRACKER, CounterAction, CounterEnv, CounterObservation, SerialEnv, make_counter
@@ -23,6 +24,17 @@ def test_health(http):
     response = http.get("/health")
     assert response.status_code == 200
     assert response.json() == {"status": "healthy"}
+
+
+def test_capacity_counts_the_open_sessions(counter_server):
+    url = counter_server.base_url
+    assert httpx.get(url + "/openenv/capacity").json() == {
+        "active_sessions": 0,
+        "max_sessions": 4,
+    }
+    with GenericEnvClient(base_url=url).sync() as env:
+        env.reset()
+        assert httpx.get(url + "/openenv/capacity").json()["active_sessions"] == 1
 
 
 def test_schema_has_action_observation_state_and_reset_observation(http):

@@ -170,6 +170,28 @@ def test_a_session_lost_in_one_episode_does_not_fail_the_next(counter_server) ->
     assert [e.ok and e.done for e in result.episodes] == [False, True, True]
 
 
+def test_a_session_whose_server_went_away_asks_the_factory_for_a_fresh_client() -> None:
+    """After its connection is lost a session opens its next client from the factory again (a
+    pool hands out one of a replica that answers) instead of retrying the server that went away."""
+    with serve(counter_app()) as first, serve(counter_app()) as second:
+        current, opened = [first.base_url], []
+
+        def factory():
+            opened.append(current[0])
+            return GenericEnvClient(base_url=current[0])
+
+        def policy(observation, episode: Episode):
+            if episode.index == 0 and episode.step == 1:
+                current[0] = second.base_url
+                first.stop()
+            return {"delta": 4}
+
+        result = rollout(factory, policy, [{"seed": 0}, {"seed": 1}, {"seed": 2}], concurrency=1, policy_in_thread=True)
+    assert result.episodes[0].error is not None and "SessionLostError" in result.episodes[0].error
+    assert [e.ok and e.done for e in result.episodes] == [False, True, True]
+    assert opened == [first.base_url, second.base_url]
+
+
 def test_a_policy_exception_is_recorded(counter_server) -> None:
     def policy(observation, episode):
         if observation["value"] == 3:

@@ -129,8 +129,20 @@ def test_missing_bubblewrap_says_how_to_install_it(monkeypatch, tmp_path):
 
 
 def test_a_port_is_refused_with_advice():
-    with pytest.raises(ValueError, match="LocalProcessProvider"):
+    with pytest.raises(ValueError, match=r"listen=\(host, port\)"):
         SandboxProvider(str(ECHO)).start(port=8000)
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
+def test_listen_serves_the_sandbox_on_a_tcp_port_the_host_bound(warm):
+    provider = SandboxProvider(str(ECHO), listen=("127.0.0.1", 0), warm=warm)
+    url = provider.start()
+    try:
+        provider.wait_for_ready(60)
+        assert url.startswith("http://127.0.0.1:") and int(url.rsplit(":", 1)[1]) > 0
+        assert _echo_round_trip(url) == ("Echo environment ready!", "Hello, World!", pytest.approx(1.3))
+    finally:
+        provider.stop()
 
 
 def _ours(marker: str) -> list:

@@ -93,6 +93,23 @@ def test_connecting_to_a_listener_on_the_hosts_loopback(server):
     assert server.healthy()
 
 
+def test_a_server_accepting_on_a_host_tcp_port_still_cannot_connect_out():
+    """``listen=``: the host binds the TCP port and hands the socket in; accepting on it gives
+    the sandbox no network of its own."""
+    provider = SandboxProvider(str(ESCAPE_ENV), listen=("127.0.0.1", 0), env_vars={"OPENENV_STEP_TIMEOUT_S": "2"})
+    url = provider.start()
+    try:
+        provider.wait_for_ready(30)
+        with host_listener() as listener, GenericEnvClient(base_url=url).sync() as env:
+            env.reset()
+            code = f"import socket\ns = socket.create_connection(('127.0.0.1', {listener.port}), timeout=2)\nresult = s.recv(4)"
+            observation = env.step({"code": code}).observation
+        assert "ConnectionRefusedError" in observation["error"] or "OSError" in observation["error"]
+        assert not listener.accepted
+    finally:
+        provider.stop()
+
+
 def test_writing_into_the_environment_package(server):
     target = ESCAPE_ENV / f"pwned-{uuid.uuid4().hex}.txt"
     observation = server.run(f"open({str(target)!r}, 'w').write('pwned'); result = 'written'")

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Awaitable, Callable, Dict, Hashable, List, Optional, Sequence, Union
 
-from .client_errors import CapacityReachedError
+from .client_errors import CapacityReachedError, SessionLostError
 from .env_client import EnvClient, Usage
 from .generic_client import GenericEnvClient
 from .sync_client import SyncEnvClient
@@ -51,6 +51,7 @@ asked for, ``episode.observations``/``actions``/``rewards`` the history so far."
 EnvSource = Union[str, EnvClient, SyncEnvClient, Callable[[], Any]]
 
 _ON_ERROR = ("record", "raise")
+_CONNECTION_LOST = (SessionLostError, ConnectionError, TimeoutError)
 
 
 @dataclass
@@ -320,6 +321,14 @@ async def rollout_async(
                     sink.write(episode)
                     if on_error == "raise":
                         raise
+                    if client is not None and isinstance(exc, _CONNECTION_LOST):
+                        # Its session is gone: the next episode opens a fresh client (a factory
+                        # may hand one of another server, e.g. a pool's replica that answers).
+                        await _close(client)
+                        client = None
+                        if holds:
+                            holds = False
+                            capacity.let_go()
                 else:
                     sink.write(episode)
                 if not holds and client is not None:

@@ -395,13 +395,13 @@ class HTTPEnvServer:
         server = self
 
         @app.get("/health", response_model=HealthResponse, tags=["Health"], summary="Health check")
-        async def health() -> Dict[str, str]:
+        async def health() -> Any:
             return {"status": "healthy"}
 
         @app.get("/openenv/capacity", response_model=ServerCapacityStatus, include_in_schema=False)
         async def capacity() -> Any:
-            # How full this server is (an extension): the front of several server processes
-            # (`openenv serve --workers N`) sums these into its own /health.
+            # How full this server is (an extension, behind the token when one is set): the front
+            # of `openenv serve --workers N` sums these into its own /health; RayEnvPool reads it.
             return {"active_sessions": server.manager.active_sessions, "max_sessions": server.manager.max_sessions}
 
         @app.get(

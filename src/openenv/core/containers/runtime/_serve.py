@@ -113,8 +113,12 @@ def _serve(app: Any, config: Dict[str, Any], ready_fd: Optional[int]) -> None:
     from openenv.core.env_server.runner import owned_process_gc, uvicorn_config
 
     log_level = config.get("log_level", "warning")
+    sockets: Optional[List[socket.socket]] = None
+    options: Dict[str, Any] = {}
     if config.get("listen_fd") is not None:
-        options: Dict[str, Any] = {"fd": int(config["listen_fd"])}
+        # The host's listening socket, a Unix or a TCP one: its family is read from the descriptor
+        # (uvicorn's own ``fd`` option would take every descriptor for a Unix socket).
+        sockets = [socket.socket(fileno=int(config["listen_fd"]))]
     else:
         options = {"host": config.get("host", "127.0.0.1"), "port": int(config.get("port") or 8000)}
     server = uvicorn.Server(uvicorn_config(app, log_level=log_level, **options))
@@ -134,7 +138,7 @@ def _serve(app: Any, config: Dict[str, Any], ready_fd: Optional[int]) -> None:
 
         threading.Thread(target=signal_ready, name="openenv-ready", daemon=True).start()
     with owned_process_gc(app):
-        server.run()
+        server.run(sockets=sockets)
 
 
 def single(config: Dict[str, Any]) -> None:

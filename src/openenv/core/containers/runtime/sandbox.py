@@ -141,11 +141,20 @@ def _descendants(pid: int) -> list:
     return found
 
 
-def _listener(path: Path) -> socket.socket:
-    """A listening Unix socket made by the host; the server inherits it and accepts on it."""
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+def _listener(path: Path, tcp: Optional[Tuple[str, int]] = None) -> socket.socket:
+    """A listening socket made by the host, the server inherits it and accepts on it: a Unix socket
+    at ``path``, or a TCP one bound to ``tcp`` (``(host, port)``)."""
+    if tcp is None:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    else:
+        listener = socket.socket(socket.AF_INET6 if ":" in tcp[0] else socket.AF_INET, socket.SOCK_STREAM)
     try:
-        listener.bind(str(path))
+        if tcp is None:
+            listener.bind(str(path))
+        else:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # accepted sockets inherit it
+            listener.bind(tcp)
         listener.listen(1024)
     except BaseException:
         listener.close()
@@ -401,7 +410,9 @@ class SandboxProvider(RuntimeProvider):
     this one). ``env_vars`` reach the server through its environment, never a command line.
     ``isolation="none"`` runs the server as a plain subprocess (development only; it is logged).
     ``warm=False`` starts every server with bubblewrap afresh instead of forking it from the
-    package's warden.
+    package's warden. ``listen=(host, port)`` serves on that TCP address instead (``start()``
+    returns ``http://host:port``, port 0 picks a free one): the host binds the socket and hands it
+    to the server, which accepts on it and still has no network of its own.
     """
 
     def __init__(
@@ -421,6 +432,7 @@ class SandboxProvider(RuntimeProvider):
         warm: bool = True,
         start_timeout_s: float = 60.0,
         log_level: str = "warning",
+        listen: Optional[Tuple[str, int]] = None,
     ) -> None:
         if isolation not in ("sandbox", "none"):
             raise ValueError(f"isolation must be 'sandbox' or 'none', got {isolation!r}")
@@ -442,6 +454,7 @@ class SandboxProvider(RuntimeProvider):
         self.warm = warm
         self.start_timeout_s = start_timeout_s
         self.log_level = log_level
+        self.listen = listen
         if isolation == "sandbox":
             require_bwrap()
             ok, why = seccomp.available()
@@ -455,6 +468,7 @@ class SandboxProvider(RuntimeProvider):
         self._copier: Optional[_LogCopier] = None
         self._ready_fd: Optional[int] = None
         self._ready = False
+        self._tcp_url: Optional[str] = None
 
     @property
     def base_url(self) -> Optional[str]:
@@ -478,7 +492,8 @@ class SandboxProvider(RuntimeProvider):
         """Start the server; returns its ``unix://`` base URL (call :meth:`wait_for_ready` next)."""
         if port is not None:
             raise ValueError(
-                "a sandboxed server listens on a Unix socket, not a port; use LocalProcessProvider for TCP"
+                "a sandboxed server listens on a Unix socket, not a port: make the provider with "
+                "listen=(host, port) to serve on TCP"
             )
         if kwargs:
             raise TypeError(f"unexpected arguments: {', '.join(sorted(kwargs))}")
@@ -494,7 +509,7 @@ class SandboxProvider(RuntimeProvider):
         else:
             self._start_process(env, sandboxed=True)
         assert self._dir is not None
-        self._base_url = f"unix://{self._dir / SOCKET_NAME}"
+        self._base_url = self._tcp_url or f"unix://{self._dir / SOCKET_NAME}"
         return self._base_url
 
     def _start_from_zygote(self, env: Dict[str, str]) -> None:
@@ -522,7 +537,7 @@ class SandboxProvider(RuntimeProvider):
         self._zygote, self._server_id, self._dir = zygote, server_id, directory
 
     def _spawn(self, zygote: _Zygote, directory: Path, spawn: Dict[str, Any], env: Dict[str, str]) -> None:
-        listener = _listener(directory / SOCKET_NAME)
+        listener = self._listen(directory)
         log_r, log_w = os.pipe()
         ready_r, ready_w = os.pipe()
         config_r, config_w = os.pipe()
@@ -558,7 +573,7 @@ class SandboxProvider(RuntimeProvider):
         try:
             address = None if sandboxed else self._plain_address(directory)
             if address is None:
-                listener = _listener(directory / SOCKET_NAME)
+                listener = self._listen(directory)
                 config["listen_fd"] = listener.fileno()
             else:
                 config.update(address)
@@ -589,6 +604,13 @@ class SandboxProvider(RuntimeProvider):
             os.close(ready_w)
             if listener is not None:
                 listener.close()
+
+    def _listen(self, directory: Path) -> socket.socket:
+        listener = _listener(directory / SOCKET_NAME, self.listen)
+        if self.listen is not None:
+            host, port = listener.getsockname()[:2]
+            self._tcp_url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        return listener
 
     def _plain_address(self, directory: Path) -> Optional[Dict[str, Any]]:
         """Where an unsandboxed server listens: None for the host's Unix socket (a TCP port in a subclass)."""
@@ -662,7 +684,7 @@ class SandboxProvider(RuntimeProvider):
         """Stop the server (SIGTERM, then SIGKILL after ``grace_s``) and remove its directory."""
         zygote, server_id = self._zygote, self._server_id
         process, directory = self._process, self._dir
-        self._zygote = self._server_id = self._process = self._dir = self._base_url = None
+        self._zygote = self._server_id = self._process = self._dir = self._base_url = self._tcp_url = None
         if zygote is not None and server_id is not None:
             if zygote.alive:
                 with contextlib.suppress(Exception):
