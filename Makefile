@@ -56,11 +56,12 @@ format: setup
 	$(PY) -m ruff format src tests envs examples bench
 	$(PY) -m ruff check --fix src tests envs examples bench
 
-bench: setup  ## throughput/latency/CPU vs a raw-websockets floor; sync hand-off; footprint; churn; sandbox start-up; Gymnasium vector env vs local; --workers scaling; Ray replica
+bench: setup  ## throughput/latency/CPU vs a raw-websockets floor; sync hand-off; footprint; churn; resume; sandbox start-up; Gymnasium vector env vs local; --workers scaling; Ray replica
 	$(PY) bench/bench_ws.py
 	$(PY) bench/bench_handoff.py
 	$(PY) bench/bench_footprint.py
 	$(PY) bench/bench_churn.py
+	$(PY) bench/bench_resume.py
 	$(PY) bench/bench_sandbox.py
 	$(PY) bench/bench_gymnasium.py
 	$(PY) bench/bench_scale.py

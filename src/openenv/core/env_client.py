@@ -15,6 +15,11 @@ The public methods are dual-mode like OpenEnv 0.10's: called inside a running ev
 return coroutines; called from sync code they block. The first call decides which (``async
 with`` and ``.sync()`` decide explicitly). ``base_url`` may be ``http(s)://host:port`` or
 ``unix:///path/to/env.sock`` (a server on a Unix socket).
+
+Against a server that offers it (ours: see :mod:`.env_server.resume` and docs/resume.md), a
+connection that drops is re-made and its session resumed, within ``reconnect_timeout_s``: the call
+under way is sent again with its number and answered once. Against an upstream server, a dropped
+connection ends the episode with :class:`SessionLostError`, as OpenEnv 0.10's client does.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import asyncio
 import inspect
 import json
 import logging
+import random
 import threading
 from abc import ABC, abstractmethod
 from enum import Enum
@@ -30,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Generic, List,
 
 from .client_errors import EnvClientError, SessionLostError, connect_failure, error_from_frame
 from .client_types import StepResult
+from .env_server.resume import RESUME_HEADER, SEQ_KEY, SESSION_HEADER, TOKEN_HEADER
 from .utils import Endpoint, check_unix_socket, parse_endpoint, timeout_after, within
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -109,6 +116,7 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         provider: Any = None,
         mode: Optional[str] = None,
         headers: Optional[Dict[str, str]] = None,
+        reconnect_timeout_s: float = 30.0,
     ) -> None:
         if base_url is None and provider is None:
             raise ValueError(
@@ -123,6 +131,9 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         self._provider = provider
         self._mode = _resolve_mode(mode)
         self._headers = dict(headers or {})
+        self._reconnect_timeout_s = reconnect_timeout_s
+        self._resume: Optional[Tuple[str, str]] = None  # the session's id and resume token, if offered
+        self._seq = 0  # the number of the last call sent on the session
         self._ws: Any = None
         self._ws_loop: Optional[asyncio.AbstractEventLoop] = None
         self._io_lock: Optional[asyncio.Lock] = None
@@ -434,37 +445,103 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
                 self._transition(ClientState.LOST)
             return await self._open_socket(loop)
 
+    async def _dial(self, endpoint: Endpoint, url: str, headers: Dict[str, str], open_timeout: float) -> Any:
+        """A new WebSocket to ``url`` (the library's exceptions pass through)."""
+        options: Dict[str, Any] = dict(
+            open_timeout=open_timeout,
+            max_size=int(self._max_message_size_mb * _MIB),
+            ping_interval=self._ping_interval_s,
+            ping_timeout=self._ping_timeout_s,
+            # a dead link found by the pings is given up on as soon (the closing handshake over it cannot finish)
+            close_timeout=min(10.0, self._ping_timeout_s or 10.0),
+            compression=None,
+            additional_headers=headers or None,
+        )
+        from websockets.asyncio.client import connect, unix_connect
+
+        if endpoint.uds:
+            check_unix_socket(endpoint.uds)
+            return await unix_connect(endpoint.uds, uri=url, **options)
+        if endpoint.is_loopback:
+            options["proxy"] = None
+        return await connect(url, **options)
+
     async def _open_socket(self, loop: asyncio.AbstractEventLoop) -> Any:
         endpoint = await self._ensure_endpoint()
         await self._before_connect(endpoint)
         url = endpoint.ws_url + self._ws_path()
-        options: Dict[str, Any] = dict(
-            open_timeout=self._connect_timeout_s,
-            max_size=int(self._max_message_size_mb * _MIB),
-            ping_interval=self._ping_interval_s,
-            ping_timeout=self._ping_timeout_s,
-            compression=None,
-            additional_headers=self._headers or None,
-        )
-        from websockets.asyncio.client import connect, unix_connect
-
+        headers = dict(self._headers)
+        if self._reconnect_timeout_s:
+            headers[RESUME_HEADER] = "1"  # a server that resumes answers with the session's id and token
         try:
-            if endpoint.uds:
-                check_unix_socket(endpoint.uds)
-                ws = await unix_connect(endpoint.uds, uri=url, **options)
-            else:
-                if endpoint.is_loopback:
-                    options["proxy"] = None
-                ws = await connect(url, **options)
+            ws = await self._redial(endpoint, url, headers, _cut_short)
         except Exception as exc:
             raise connect_failure(exc, url, endpoint.uds) from exc
         if self._state is ClientState.CLOSING:  # close() began while this connected
             await _close_quietly(ws)
             self._refuse_while_closing()
         self._transition(ClientState.OPEN)
+        if self._io_lock is None or self._ws_loop is not loop:
+            self._io_lock = asyncio.Lock()
         self._ws, self._ws_loop = ws, loop
-        self._io_lock = asyncio.Lock()
+        answer = ws.response.headers
+        session_id, token = answer.get(SESSION_HEADER), answer.get(TOKEN_HEADER)
+        self._resume = (session_id, token) if session_id and token else None
+        self._seq = 0
         return ws
+
+    async def _resume_socket(self, cause: BaseException) -> Any:
+        """Re-make the dropped connection and resume its session, with backoff, for at most
+        ``reconnect_timeout_s``; SessionLostError (the session lost) when it cannot be resumed."""
+        assert self._resume is not None and self._endpoint is not None
+        session_id, token = self._resume
+        endpoint = self._endpoint
+        url = endpoint.ws_url + self._ws_path()
+        headers = {**self._headers, SESSION_HEADER: session_id, TOKEN_HEADER: token}
+        self._abandon_socket()
+        try:
+            ws = await self._redial(endpoint, url, headers, lambda exc: _refusal(exc) is None)
+        except Exception as exc:
+            self._lose_session()
+            refusal = _refusal(exc)
+            if refusal is not None:  # the server says the session is gone, or not this client's
+                why = f"the session could not be resumed: {refusal}"
+            else:
+                why = f"no reconnect succeeded within {self._reconnect_timeout_s:g} s (reconnect_timeout_s): {exc}"
+            raise SessionLostError(
+                f"the connection dropped ({cause}) and {why}; call reset() to start a new episode"
+            ) from exc
+        if self._state is ClientState.CLOSING:
+            await _close_quietly(ws)
+            self._refuse_while_closing()
+        self._ws = ws
+        return ws
+
+    async def _redial(
+        self, endpoint: Endpoint, url: str, headers: Dict[str, str], retry: Callable[[Exception], bool]
+    ) -> Any:
+        """:meth:`_dial`, tried again with backoff while ``retry(exc)`` and ``reconnect_timeout_s`` allow."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._reconnect_timeout_s
+        delay = 0.02
+        while True:
+            left = deadline - loop.time()
+            try:
+                return await self._dial(endpoint, url, headers, max(0.1, min(self._connect_timeout_s, left)))
+            except Exception as exc:
+                left = deadline - loop.time()
+                if left <= 0 or not retry(exc):
+                    raise
+            await asyncio.sleep(min(left, delay * random.uniform(0.5, 1.0)))
+            delay = min(delay * 2, 1.0)
+
+    def _abandon_socket(self) -> None:
+        """Drop the socket without a closing handshake: the server then keeps its session for a
+        resume (a clean close would end it)."""
+        ws, self._ws = self._ws, None
+        transport = getattr(ws, "transport", None)
+        if transport is not None:
+            transport.abort()
 
     def _drop_socket(self) -> None:
         """Forget the socket and close it in the background (its late replies must not be read)."""
@@ -494,14 +571,20 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
             self._drop_socket()  # opened on another event loop: closed there, or gone with it
             return
         ws, self._ws = self._ws, None
+        resume, self._resume = self._resume, None
         if ws is None:
             return
-        try:
-            if _is_open(ws):
-                await ws.send('{"type":"close"}')
-        except Exception:
-            pass
-        await asyncio.shield(_close_quietly(ws))
+        await asyncio.shield(_send_close(ws))
+        if resume is not None and self._endpoint is not None and not _closed_by_server(ws):
+            # The close may not have reached the server (the connection dropped): resume the
+            # session to close it, rather than leave it holding a slot for its grace period.
+            endpoint = self._endpoint
+            headers = {**self._headers, SESSION_HEADER: resume[0], TOKEN_HEADER: resume[1]}
+            try:
+                ws = await self._redial(endpoint, endpoint.ws_url + self._ws_path(), headers, _cut_short)
+            except Exception:
+                return  # gone already, or no server: nothing more to close
+            await asyncio.shield(_send_close(ws))
 
     async def _close_async(self) -> None:
         if self._state is ClientState.CLOSING:
@@ -536,7 +619,8 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
                 "call reset() to start a new episode"
             )
         loop = asyncio.get_running_loop()
-        if not starts_session and self._ws is not None and not self._socket_usable(loop):
+        resumable = self._resume is not None and self._ws_loop is loop and self._io_lock is not None
+        if not starts_session and self._ws is not None and not self._socket_usable(loop) and not resumable:
             # Lost since the last call (server restarted, session reaped, network), or opened on
             # another event loop (one asyncio.run() per call): a new socket would be a new
             # session, so say so instead of stepping a fresh environment.
@@ -551,32 +635,53 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
                 "the connection carrying this episode was closed since the last call (server restart, "
                 "idle timeout or network); call reset() to start a new episode"
             )
-        ws = await self._connect_async()
+        if not resumable:
+            await self._connect_async()
         from .env_server.serialization import dumps_json
 
-        text = dumps_json(message)
         lock = self._io_lock
         assert lock is not None
         async with lock:
-            try:
-                async with timeout_after(self._message_timeout_s):
-                    await ws.send(text)  # a server that stops reading must not hold us forever
-                    raw = await ws.recv()
-            except TimeoutError:
-                self._lose_session()
-                raise TimeoutError(
-                    f"no reply from the server within {self._message_timeout_s:g} s "
-                    f"(message_timeout_s); the connection was dropped, call reset() to start a new episode"
-                ) from None
-            except asyncio.CancelledError:
-                self._lose_session()
-                raise
-            except Exception as exc:
-                pending = await _pending_error(ws)
-                self._lose_session()
-                if pending is not None:
-                    raise error_from_frame(pending) from exc
-                raise SessionLostError(f"connection to the server was lost: {exc}") from exc
+            if self._resume is not None:  # the server numbers calls: this one is applied once
+                self._seq += 1
+                message = {**message, SEQ_KEY: self._seq}
+            text = dumps_json(message)
+            while True:
+                ws = self._ws
+                try:
+                    if ws is None or not _is_open(ws):
+                        raise ConnectionError("the connection was closed since the last call")
+                    async with timeout_after(self._message_timeout_s):
+                        await ws.send(text)  # a server that stops reading must not hold us forever
+                        raw = await ws.recv()
+                    break
+                except TimeoutError:
+                    self._lose_session()
+                    raise TimeoutError(
+                        f"no reply from the server within {self._message_timeout_s:g} s "
+                        f"(message_timeout_s); the connection was dropped, call reset() to start a new episode"
+                    ) from None
+                except asyncio.CancelledError:
+                    self._lose_session()
+                    raise
+                except Exception as exc:
+                    pending = await _pending_error(ws) if ws is not None else None
+                    if pending is not None or self._resume is None:
+                        self._lose_session()
+                        if pending is not None:
+                            raise error_from_frame(pending) from exc
+                        raise SessionLostError(f"connection to the server was lost: {exc}") from exc
+                    try:
+                        await self._resume_socket(exc)
+                    except SessionLostError:
+                        if not starts_session:
+                            raise
+                        await self._open_socket(loop)  # a reset may start afresh, on a new session
+                        message = {key: value for key, value in message.items() if key != SEQ_KEY}
+                        if self._resume is not None:
+                            self._seq = 1
+                            message[SEQ_KEY] = 1
+                        text = dumps_json(message)
         try:
             response = json.loads(raw)
         except (TypeError, ValueError):
@@ -590,6 +695,7 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
     def _lose_session(self) -> None:
         if self._state is ClientState.OPEN:  # (not while close() closes the socket under a call)
             self._transition(ClientState.LOST)
+        self._resume = None
         self._drop_socket()
 
     async def _reset_async(self, **kwargs: Any) -> StepResult[ObsT]:
@@ -619,6 +725,7 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
             websocket_ping_timeout_s=self._ping_timeout_s,
             mode=self._mode,
             headers=self._headers or None,
+            reconnect_timeout_s=self._reconnect_timeout_s,
         )
 
     async def _new_session_async(self) -> EnvClient[Any, Any, Any]:
@@ -684,6 +791,27 @@ def split_client_kwargs(cls: type, kwargs: Dict[str, Any]) -> tuple:
     return client, {k: v for k, v in kwargs.items() if k not in accepted}
 
 
+def _cut_short(exc: BaseException) -> bool:
+    """A handshake failure worth another try: the server was reached, its answer lost."""
+    return isinstance(exc, (EOFError, ConnectionResetError)) or isinstance(
+        exc.__cause__, (EOFError, ConnectionResetError)
+    )
+
+
+def _refusal(exc: BaseException) -> Optional[str]:
+    """Why a resume handshake was refused for good (the session is gone: 404, or not this
+    client's: 403), from the server's answer; None for a failure worth another try."""
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    if status not in (403, 404):
+        return None
+    try:
+        detail = json.loads(response.body)["detail"]
+    except Exception:
+        detail = f"HTTP {status}"
+    return str(detail)
+
+
 def _is_open(ws: Any) -> bool:
     from websockets.protocol import State
 
@@ -700,6 +828,22 @@ async def _pending_error(ws: Any) -> Optional[Dict[str, Any]]:
     if isinstance(message, dict) and message.get("type") == "error":
         return message.get("data")
     return None
+
+
+async def _send_close(ws: Any) -> None:
+    """Send the close message (the server ends the session), then close the connection."""
+    try:
+        if _is_open(ws):
+            await ws.send('{"type":"close"}')
+    except Exception:
+        pass
+    await _close_quietly(ws)
+
+
+def _closed_by_server(ws: Any) -> bool:
+    """Whether the server closed ``ws`` normally (as it does once it has ended the session)."""
+    received = getattr(getattr(ws, "protocol", None), "close_rcvd", None)
+    return received is not None and received.code == 1000
 
 
 async def _close_quietly(ws: Any) -> None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import secrets
+import time
 from typing import Any, Dict, List, Optional, Set
 
 from pydantic import ConfigDict
@@ -28,10 +30,22 @@ from .env_server.mcp_types import (
     Tool,
     ToolError,
 )
+from .env_server.resume import CREATE_KEY_HEADER
 from .env_server.types import Observation, State
 from .utils import Endpoint, check_unix_socket
 
 _CLOSE_RPC_TIMEOUT_S = 5.0
+
+
+def _no_server(exc: BaseException) -> bool:
+    """Whether a connection failed for want of a server (refused, no socket): no second try."""
+    while exc is not None:
+        if isinstance(exc, (ConnectionRefusedError, FileNotFoundError)):
+            return True
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return False
+
+
 """Seconds a session-close request may take (the server answers at once; a hung one is let go)."""
 
 logger = logging.getLogger("openenv.client")
@@ -88,6 +102,7 @@ class MCPClientBase(EnvClient[Any, Observation, State]):
         mode: Optional[str] = None,
         max_message_size_mb: float = 100.0,
         headers: Optional[Dict[str, str]] = None,
+        reconnect_timeout_s: float = 30.0,
     ) -> None:
         if mode is not None and str(mode).lower() != "production":
             raise ValueError(
@@ -104,6 +119,7 @@ class MCPClientBase(EnvClient[Any, Observation, State]):
             provider=provider,
             mode=mode or "production",
             headers=headers,
+            reconnect_timeout_s=reconnect_timeout_s,
         )
         self._tools_cache: Optional[List[Tool]] = None
         self._production_session_id: Optional[str] = None
@@ -135,11 +151,34 @@ class MCPClientBase(EnvClient[Any, Observation, State]):
         return self._http
 
     async def _http_rpc(
-        self, endpoint: Endpoint, method: str, params: Dict[str, Any], timeout_s: Optional[float] = None
+        self,
+        endpoint: Endpoint,
+        method: str,
+        params: Dict[str, Any],
+        timeout_s: Optional[float] = None,
+        retry_for_s: float = 0.0,
+        headers: Optional[Dict[str, str]] = None,
     ) -> Dict[str, Any]:
+        """One JSON-RPC call over HTTP; a call that does no harm run twice (a close, a create with
+        a create key) may be tried again, with backoff, for ``retry_for_s`` while its connection
+        fails after connecting."""
+        import httpx
+
         payload = {"jsonrpc": "2.0", "method": method, "params": params, "id": next(self._rpc_ids)}
         options: Dict[str, Any] = {} if timeout_s is None else {"timeout": timeout_s}
-        response = await self._http_client(endpoint).post("/mcp", json=payload, **options)
+        if headers:
+            options["headers"] = headers
+        deadline = time.monotonic() + retry_for_s
+        delay = 0.02
+        while True:
+            try:
+                response = await self._http_client(endpoint).post("/mcp", json=payload, **options)
+                break
+            except httpx.TransportError as exc:
+                if _no_server(exc) or time.monotonic() + delay > deadline:
+                    raise
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 1.0)
         response.raise_for_status()
         return response.json()
 
@@ -147,7 +186,12 @@ class MCPClientBase(EnvClient[Any, Observation, State]):
         if self._production_session_id is not None:
             return
         try:
-            body = await self._http_rpc(endpoint, "openenv/session/create", {})
+            # With a key of its own, a create whose answer was lost is sent again: our server answers
+            # the session the first one made (an upstream server ignores the header).
+            key = {CREATE_KEY_HEADER: secrets.token_urlsafe(24)} if self._reconnect_timeout_s else None
+            body = await self._http_rpc(
+                endpoint, "openenv/session/create", {}, retry_for_s=self._reconnect_timeout_s, headers=key
+            )
         except Exception as exc:
             raise connect_failure(
                 exc, f"{endpoint.http_url}/mcp", endpoint.uds, "Could not create an MCP session"
@@ -184,7 +228,11 @@ class MCPClientBase(EnvClient[Any, Observation, State]):
     async def _close_production_session(self, endpoint: Endpoint, session_id: str) -> None:
         try:
             await self._http_rpc(
-                endpoint, "openenv/session/close", {"session_id": session_id}, timeout_s=_CLOSE_RPC_TIMEOUT_S
+                endpoint,
+                "openenv/session/close",
+                {"session_id": session_id},
+                timeout_s=_CLOSE_RPC_TIMEOUT_S,
+                retry_for_s=_CLOSE_RPC_TIMEOUT_S if self._reconnect_timeout_s else 0.0,
             )
         except Exception:
             logger.debug("closing MCP session %s failed", session_id, exc_info=True)

@@ -31,7 +31,9 @@ CAPACITY = ErrorKind("CAPACITY_REACHED", 503, -32000, 1013)  # SessionCapacityEr
 FACTORY = ErrorKind("FACTORY_ERROR", 500, -32000)  # EnvironmentFactoryError
 TIMEOUT = ErrorKind("TIMEOUT", 504, -32603)  # StepTimeoutError, WorkersStuckError
 SESSION_UNKNOWN = ErrorKind("SESSION_ERROR", 404, -32602, 1008)  # SessionNotFoundError
-SESSION_CONFLICT = ErrorKind("SESSION_ERROR", 409, -32600, 1008)  # SessionCreationError
+SESSION_CONFLICT = ErrorKind("SESSION_ERROR", 409, -32600, 1008)  # SessionCreationError, StaleCallError
+RESUME_REFUSED = ErrorKind("SESSION_ERROR", 403, -32600, 1008)  # ResumeRefusedError
+BAD_SEQUENCE = ErrorKind("VALIDATION_ERROR", 400, -32602)  # InvalidSequenceError
 TOO_LARGE = ErrorKind("MESSAGE_TOO_LARGE", 413, -32600, 1009)  # MessageTooLargeError
 BUSY = ErrorKind("SERVER_BUSY", 503, -32000, 1013)  # ServerBusyError
 INVALID_JSON = ErrorKind("INVALID_JSON", 400, -32700, 1007)  # InvalidJsonError
@@ -148,6 +150,45 @@ class SessionCreationError(OpenEnvError):
     def __init__(self, reason: str, message: Optional[str] = None) -> None:
         self.reason = reason
         super().__init__(message or f"Failed to create session: {reason}")
+
+
+class ResumeRefusedError(OpenEnvError):
+    """A resume of a ``/ws`` session with a token that is not the session's (see :mod:`.resume`):
+    refused, and the session is left as it was."""
+
+    kind = RESUME_REFUSED
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        super().__init__(
+            f"Session {session_id} cannot be resumed with this resume token (only the client it was "
+            "given to can resume it); open a new connection to start a new session"
+        )
+
+
+class InvalidSequenceError(OpenEnvError):
+    """A call number (``"seq"``, ``X-OpenEnv-Seq``) that is not a whole number of at least 1."""
+
+    kind = BAD_SEQUENCE
+
+    def __init__(self, seq: Any) -> None:
+        super().__init__(f"A call's sequence number must be a whole number of at least 1, got {seq!r}")
+
+
+class StaleCallError(OpenEnvError):
+    """A call whose sequence number is below the session's last one (see :mod:`.resume`)."""
+
+    kind = SESSION_CONFLICT
+
+    def __init__(self, seq: int, last: int) -> None:
+        self.seq = seq
+        self.last = last
+        super().__init__(
+            f"Call number {seq} is older than this session's last call ({last}); its answer is no longer kept"
+        )
+
+    def details(self) -> Dict[str, Any]:
+        return {"seq": self.seq, "last_seq": self.last}
 
 
 class EnvironmentFactoryError(OpenEnvError):

@@ -25,7 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from typing_extensions import Unpack
 
-from . import auth
+from . import auth, resume
 from .exceptions import EnvironmentCallError, EnvironmentResultError
 from .interfaces import Environment
 from .limits import InFlightBudget
@@ -146,6 +146,7 @@ class HTTPEnvServer:
             attached_idle_timeout_s=limits.session_idle_timeout_s or None,
             sched_batch=settings.sched_batch,
             session_id_prefix=settings.session_id_prefix,
+            resume_grace_s=limits.resume_grace_s,
         )
         self.auth_token = auth.checked_token(settings.auth_token)
         self.manager.prepare = self.prepare_session
@@ -202,7 +203,8 @@ class HTTPEnvServer:
         environment closed once it returns. Calls on a named session are left to finish, so its
         environment is never left halfway through one."""
         if session_id or request is None:
-            return await self._answer(work, session_id)
+            seq = request.headers.get(resume.SEQ_HEADER) if request is not None else None
+            return await self._answer(work, session_id, seq)
         task = asyncio.current_task()
         gone = False
 
@@ -227,10 +229,17 @@ class HTTPEnvServer:
         finally:
             watcher.cancel()
 
-    async def _answer(self, work: Callable[[Session], Awaitable[Any]], session_id: Optional[str]) -> Any:
+    async def _answer(
+        self, work: Callable[[Session], Awaitable[Any]], session_id: Optional[str], seq: Optional[str] = None
+    ) -> Any:
         try:
             if session_id:
-                return await work(self.manager.get(str(session_id)))
+                session = self.manager.get(str(session_id))
+                if seq is None:
+                    return await work(session)
+                # numbered (X-OpenEnv-Seq): a retried call is answered from the record, not run again
+                record = session.resume = session.resume or resume.Resume(session_id=session.id)
+                return await record.once(int(seq) if seq.isdigit() else seq, lambda: work(session))
             async with self.manager.temporary() as session:
                 return await work(session)
         except Exception as exc:

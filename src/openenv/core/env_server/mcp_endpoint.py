@@ -28,6 +28,7 @@ from starlette.responses import Response
 from starlette.websockets import WebSocket
 
 from . import error_details as shown_errors
+from . import resume
 from .exceptions import EXECUTION, OpenEnvError, SessionNotFoundError, kind_of
 from .mcp_types import (
     CallToolAction,
@@ -179,7 +180,12 @@ class MCPDispatcher:
             )
         session: Optional[Session] = None
         headers: Dict[str, str] = {}
+        create_key = request.headers.get(resume.CREATE_KEY_HEADER)
         try:
+            if create_key and rpc.method == "openenv/session/create" and not header_session:
+                # sent again after its answer was lost: the same session, not a second one
+                session = await self.manager.create_once(create_key)
+                return _rpc_reply(JsonRpcResponse.success({"session_id": session.id}, rpc.id))
             if header_session:
                 session = self.manager.get(header_session)
             elif rpc.method == "initialize":

@@ -96,8 +96,10 @@ async def refuse_handshake(
 ) -> None:
     """Answer a WebSocket handshake with an HTTP ``status`` and ``content`` as JSON, where the
     server offers ASGI's ``websocket.http.response`` (uvicorn does); elsewhere a close before
-    accepting, which the server answers with 403. ``send`` must be the server's own (outermost)."""
-    await receive()  # websocket.connect: the handshake to answer
+    accepting, which the server answers with 403. ``send`` must be the server's own (outermost);
+    ``receive`` None: its ``websocket.connect`` was received already."""
+    if receive is not None:
+        await receive()  # websocket.connect: the handshake to answer
     if "websocket.http.response" in (scope.get("extensions") or {}):
         await _respond(send, "websocket.http", status, content, *headers)
     else:

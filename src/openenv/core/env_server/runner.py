@@ -57,6 +57,8 @@ def uvicorn_config(
         uds=uds,
         log_level=log_level,
         ws_max_size=limits.max_message_bytes,
+        ws_ping_interval=limits.ws_ping_interval_s or None,
+        ws_ping_timeout=limits.ws_ping_timeout_s or None,
         lifespan="on",
         timeout_graceful_shutdown=5,
     )

@@ -16,7 +16,9 @@ through one :class:`SessionManager`. It owns:
   ``session_timeout_s`` (default :data:`DEFAULT_DETACHED_SESSION_TIMEOUT_S`). A session with a
   socket attached and no call for ``attached_idle_timeout_s`` (``OPENENV_SESSION_IDLE_TIMEOUT_S``)
   is closed too, so idle connections cannot hold every slot; its next call, and a later lookup of
-  its id, say why. No session is reaped while a call runs on it.
+  its id, say why. No session is reaped while a call runs on it. A resumable socket's session
+  (:mod:`.resume`) outlives a connection that drops uncleanly by ``resume_grace_s``, still holding
+  its slot, and is closed if no client resumes it by then.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import time
 import uuid
 from collections import OrderedDict
 from enum import Enum
-from typing import Any, AsyncIterator, Awaitable, Callable, Deque, Dict, FrozenSet, Optional, Set
+from typing import Any, AsyncIterator, Awaitable, Callable, Deque, Dict, FrozenSet, Optional, Set, Tuple
 
 import pydantic
 
@@ -43,12 +45,14 @@ from .exceptions import (
     ConcurrencyConfigurationError,
     EnvironmentCallError,
     EnvironmentFactoryError,
+    ResumeRefusedError,
     SessionCapacityError,
     SessionCreationError,
     SessionNotFoundError,
     StepTimeoutError,
     WorkersStuckError,
 )
+from .resume import Resume
 from .types import ServerCapacityStatus, SessionInfo
 from .workers import Job, WorkerPool
 
@@ -63,6 +67,7 @@ REMEMBERED_REAPED = 1024
 """How many ids of sessions closed for idleness are remembered, to tell a late caller why."""
 _IDLE_ATTACHED = "(the server's idle timeout, OPENENV_SESSION_IDLE_TIMEOUT_S); open a new connection to start again"
 _IDLE_DETACHED = "or a socket attached (ConcurrencyConfig.session_timeout)"
+_GRACE = "no client resumed it within {:g} s of its connection dropping (OPENENV_RESUME_GRACE_S)"
 
 TEMPORARY_WAIT_S = 30.0
 """How long a stateless HTTP call waits for one of the ``max_sessions`` slots for such calls
@@ -152,6 +157,7 @@ class Session:
     close_reason: Optional[str] = None  # why the server closed it, for its next caller
     lock: SessionLock = dataclasses.field(default_factory=SessionLock)
     inflight: Optional[Job] = None  # the pool call running on ``env`` (its caller may have left)
+    resume: Optional[Resume] = None  # its resume record, where calls carry sequence numbers
 
     def __post_init__(self) -> None:
         self.last_activity_at = self.created_at
@@ -249,6 +255,7 @@ class SessionManager:
         attached_idle_timeout_s: Optional[float] = None,
         sched_batch: bool = False,
         session_id_prefix: Optional[str] = None,
+        resume_grace_s: float = 0.0,
     ) -> None:
         if not callable(factory):
             raise TypeError("factory must be callable")
@@ -261,6 +268,8 @@ class SessionManager:
         self._id_prefix = f"{session_id_prefix}-" if session_id_prefix else ""
         self.session_timeout_s = DEFAULT_DETACHED_SESSION_TIMEOUT_S if session_timeout_s is None else session_timeout_s
         self.attached_idle_timeout_s = attached_idle_timeout_s or None
+        self.resume_grace_s = resume_grace_s
+        """How long a resumable socket's session waits for a resume (0: sockets are not resumable)."""
         self._reaped: OrderedDict[str, str] = OrderedDict()  # id -> why it was closed
         self.step_timeout_s = step_timeout_s or None
         built = factory  # the class the factory builds, when that can be told without calling it
@@ -354,13 +363,18 @@ class SessionManager:
 
     # --- session lifecycle ----------------------------------------------------------------
 
-    async def create(self, kind: SessionKind = SessionKind.DETACHED) -> Session:
-        """Reserve a slot and build the session's environment (raises SessionCapacityError)."""
+    def new_id(self) -> str:
+        """A fresh session id; it starts with this server's prefix (``OPENENV_SESSION_ID_PREFIX``)."""
+        return f"{self._id_prefix}{uuid.uuid4()}"
+
+    async def create(self, kind: SessionKind = SessionKind.DETACHED, resume: Optional[Resume] = None) -> Session:
+        """Reserve a slot and build the session's environment (raises SessionCapacityError).
+        ``resume``: the record of a resumable socket's session, whose id it names already."""
         if self._closed:
             raise SessionCreationError("server is shutting down")
         if len(self._sessions) >= self.max_sessions:
             raise SessionCapacityError(len(self._sessions), self.max_sessions)
-        session = Session(f"{self._id_prefix}{uuid.uuid4()}", kind)
+        session = Session(resume.session_id if resume is not None else self.new_id(), kind, resume=resume)
         self._sessions[session.id] = session
         try:
             env = await self._build_env()
@@ -400,6 +414,49 @@ class SessionManager:
         session.touch()
         if session.kind is SessionKind.SOCKET or session.close_requested:
             await self.destroy(session)
+
+    async def suspend(self, session: Session) -> None:
+        """A resumable socket's connection dropped uncleanly: its session waits ``resume_grace_s``
+        for :meth:`resume`, then the reaper closes it."""
+        assert session.resume is not None
+        session.resume.owner = None
+        session.attached = False
+        session.touch()
+        if not self.resume_grace_s:
+            await self.destroy(session)
+        else:
+            self._ensure_reaper()
+
+    async def create_once(self, key: str) -> Session:
+        """A detached session for the HTTP create with ``key`` (:data:`.resume.CREATE_KEY_HEADER`):
+        the one an earlier create with the same key made, if it still exists, else a new one."""
+        for session in self._sessions.values():
+            if session.resume is not None and session.resume.create_key == key:
+                while session.state is SessionState.CREATING:  # the first create still builds it
+                    await asyncio.sleep(0.01)
+                return self.get(session.id)
+        return await self.create(SessionKind.DETACHED, resume=Resume(self.new_id(), create_key=key))
+
+    def resume(self, session_id: str, token: str, owner: Any) -> Tuple[Session, Any]:
+        """Give the session named ``session_id`` to the connection ``owner``, if ``token`` is its
+        resume token; returns it and the connection that served it until now (None: none). A
+        refusal (SessionNotFoundError, ResumeRefusedError) leaves the session as it was."""
+        session = self._sessions.get(session_id)
+        record = session.resume if session is not None else None
+        if session is None or record is None or session.state not in (SessionState.CREATING, SessionState.READY):
+            why = self._reaped.get(session_id) or (
+                f"Session {session_id} is not on this server: it was closed, or the server restarted "
+                "since (sessions do not survive a restart)"
+            )
+            raise SessionNotFoundError(session_id, why)
+        if not record.admits(token):
+            raise ResumeRefusedError(session_id)
+        if session.state is SessionState.CREATING:
+            raise SessionCreationError("initializing", f"Session {session_id} is still initializing; retry shortly")
+        previous, record.owner = record.owner, owner
+        session.attached = True
+        session.touch()
+        return session, previous
 
     async def request_close(self, session_id: str) -> Dict[str, Any]:
         """``openenv/session/close``: close now, or once the attached socket lets go."""
@@ -632,7 +689,11 @@ class SessionManager:
             self._reaper = asyncio.get_running_loop().create_task(self._reap_forever())
 
     async def _reap_forever(self) -> None:
-        shortest = min(self.session_timeout_s, self.attached_idle_timeout_s or self.session_timeout_s)
+        shortest = min(
+            self.session_timeout_s,
+            self.attached_idle_timeout_s or self.session_timeout_s,
+            self.resume_grace_s or self.session_timeout_s,
+        )
         interval = max(0.05, min(shortest / 4, 5.0))
         while True:
             await asyncio.sleep(interval)
@@ -645,13 +706,20 @@ class SessionManager:
         for s in self._sessions.values():
             if s.state is not SessionState.READY or s.lock.locked():
                 continue
-            bound = self.attached_idle_timeout_s if s.attached else self.session_timeout_s
+            if s.attached:
+                bound = self.attached_idle_timeout_s
+            else:
+                bound = self.resume_grace_s if s.kind is SessionKind.SOCKET else self.session_timeout_s
             if bound is not None and s.last_activity_at < now - bound:
                 idle.append((s, bound))
         for session, bound in idle:
             logger.info("closing session %s after %.0f s idle", session.id, bound)
-            why = _IDLE_ATTACHED if session.attached else _IDLE_DETACHED
-            reason = session.close_reason = f"Session {session.id} was closed after {bound:g} s without a call {why}"
+            if session.kind is SessionKind.SOCKET and not session.attached:
+                reason = f"Session {session.id} was closed: {_GRACE.format(bound)}"
+            else:
+                why = _IDLE_ATTACHED if session.attached else _IDLE_DETACHED
+                reason = f"Session {session.id} was closed after {bound:g} s without a call {why}"
+            session.close_reason = reason
             self._reaped[session.id] = reason
             while len(self._reaped) > REMEMBERED_REAPED:
                 self._reaped.popitem(last=False)

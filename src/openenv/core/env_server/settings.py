@@ -50,6 +50,13 @@ variable                                default     meaning
                                                     this long is closed; its next call is told why
 ``OPENENV_MAX_UNSENT_MB``               64          what the server holds unsent for a client that does not read
                                                     (pongs, answers); beyond it the client is dropped
+``OPENENV_RESUME_GRACE_S``              60          how long the session of a resumable ``/ws`` connection that
+                                                    dropped uncleanly waits for its client to resume it (0: no
+                                                    resume; see docs/resume.md)
+``OPENENV_WS_PING_INTERVAL_S``          20          seconds between the server's WebSocket pings (0: none)
+``OPENENV_WS_PING_TIMEOUT_S``           300         a client that leaves a ping unanswered this long is dropped
+                                                    (0: never): long enough for a trainer whose event loop is
+                                                    busy for minutes with its model
 ======================================  ==========  ============================================================
 
 The limits (``OPENENV_MAX_MESSAGE_MB`` and the rows below it) are one object, :class:`ServerLimits`:
@@ -162,6 +169,9 @@ _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "max_local_connections": _count(0),
     "session_idle_timeout_s": _amount("seconds"),
     "max_unsent_mb": _amount("MiB"),
+    "resume_grace_s": _amount("seconds", "0: no resume"),
+    "ws_ping_interval_s": _amount("seconds", "0: no pings"),
+    "ws_ping_timeout_s": _amount("seconds", "0: no timeout"),
 }
 """How each field's ``OPENENV_<FIELD>`` variable is parsed."""
 
@@ -223,6 +233,9 @@ class ServerLimits:
     max_local_connections: int = 0
     session_idle_timeout_s: float = 600.0
     max_unsent_mb: float = 64.0
+    resume_grace_s: float = 60.0
+    ws_ping_interval_s: float = 20.0
+    ws_ping_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

@@ -4,7 +4,9 @@ Frames are JSON objects ``{"type": ..., "data": ...}`` (the spec's section 4). A
 kind (not JSON, not an object, binary, too large, unknown type, invalid action) gets an error frame
 and the connection goes on. A client leaving during a long step is noticed within
 ``WATCH_AFTER_S`` (:class:`ConnectionWatch`): the step is cancelled (a sync one finishes in its
-worker, then its environment is closed) and the session's slot is freed.
+worker, then its environment is closed) and the session's slot is freed; but on a resumable
+connection (:mod:`.resume`) the step runs to its end and its answer waits, with the session, for
+the client to resume.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from typing import Any, Deque, Dict, FrozenSet, Optional, Sequence, Set
 import pydantic
 from starlette.routing import Match
 
-from .exceptions import MessageTooLargeError, kind_of
+from . import resume
+from .exceptions import MessageTooLargeError, OpenEnvError, kind_of
 from .mcp_endpoint import MCPDispatcher
 from .mcp_types import JsonRpcResponse, WSMCPMessage
 from .middleware import refuse_handshake, route_path
@@ -34,7 +37,7 @@ from .serialization import (
     observation_message_json,
     parse_json,
 )
-from .sessions import Session, SessionKind, SessionManager
+from .sessions import Session, SessionKind, SessionManager, SessionState
 from .types import ResetRequest, WSErrorCode, WSResetMessage, WSStateMessage, WSStepMessage
 
 PIPELINE_DEPTH = 16
@@ -171,6 +174,9 @@ class WSConnection:
         self._task: Optional[asyncio.Task] = None
         self._watcher: Optional[asyncio.Task] = None
         self._backlog: Deque[Dict[str, Any]] = collections.deque()
+        self.clean = False  # the client ended the session (a close message, or close code 1000)
+        self.superseded = False  # a resume gave its session to another connection
+        self.accepted = False
 
     def _move(self, new: ConnectionState) -> None:
         if new not in _CONNECTION_MOVES[self.state]:
@@ -192,7 +198,6 @@ class WSConnection:
     async def run(self) -> None:
         try:
             if (await self.receive())["type"] == "websocket.connect":
-                await self.send({"type": "websocket.accept"})
                 self.session = await self._open_session()
                 if self.session is not None:
                     self._move(ConnectionState.OPEN)
@@ -217,10 +222,30 @@ class WSConnection:
             await self._release()
 
     async def _release(self) -> None:
-        """Let go of the session, once."""
+        """Let go of the session, once: it waits for a resume if its connection dropped uncleanly."""
         session, self.session = self.session, None
-        if session is not None:
+        if session is None or self.superseded:
+            return
+        if session.resume is not None:
+            session.resume.owner = None
+        if (
+            session.kind is SessionKind.SOCKET
+            and session.resume is not None
+            and session.resume.seq  # (before its first call there is nothing to resume)
+            and not self.clean
+            and session.state is SessionState.READY
+        ):
+            await self.manager.suspend(session)
+        else:
             await self.manager.detach(session)
+
+    def supersede(self) -> None:
+        """A resume took this connection's session: stop serving it (a call under way finishes,
+        its answer recorded for the resumed connection)."""
+        self.superseded = True
+        self._gone()
+        if self.busy_since is None and self._task is not None:
+            self._task.cancel()
 
     # --- noticing a client that leaves while a long step runs ---------------------------------
     # This task reads frames between steps; while a step runs past WATCH_AFTER_S, a watcher task
@@ -246,7 +271,8 @@ class WSConnection:
         except Exception:  # the transport failed: same as a disconnect
             pass
         self._gone()
-        if self.busy_since is not None and self._task is not None:
+        resumable = self.session is not None and self.session.resume is not None
+        if self.busy_since is not None and self._task is not None and not resumable:
             self._task.cancel()
 
     async def _stop_watcher(self) -> None:
@@ -265,23 +291,56 @@ class WSConnection:
             too_large = MessageTooLargeError(len(text), self.max_chars, "characters")
             return {"type": "websocket.receive", "reply": error_frame_of(too_large, "")}
         if message["type"] == "websocket.disconnect":
+            self.clean = message.get("code") == 1000
             return message
         return {"type": "websocket.receive", "reply": _BINARY}
 
     async def _open_session(self) -> Optional[Session]:
+        """Accept the handshake and open (or attach to, or resume) the connection's session."""
         query = urllib.parse.parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
         session_id = query.get("session_id", [None])[-1]
+        opt_in, target = resume.asked(self.scope.get("headers") or ())
+        resumable = opt_in and bool(self.manager.resume_grace_s)
+        if resumable and target is not None:
+            return await self._resume(*target)
         try:
-            if session_id:
-                return self.manager.attach(session_id)
-            return await self.manager.create(SessionKind.SOCKET)
+            if session_id:  # a detached session: resumable by its id, so its token is no extra secret
+                session = self.manager.attach(session_id)
+                if resumable:
+                    session.resume = session.resume or resume.Resume(session_id=session.id)
+                    session.resume.owner = self
+                await self._accept(session.resume if resumable else None)
+                return session
+            record = resume.Resume(self.manager.new_id(), owner=self) if resumable else None
+            await self._accept(record)
+            return await self.manager.create(SessionKind.SOCKET, resume=record)
         except Exception as exc:
             frame = error_frame_of(exc, "could not open a session", fallback=WSErrorCode.SESSION_ERROR)
             close_code = kind_of(exc).close_code
+        if not self.accepted:  # (an attach refused before the accept)
+            await self._accept(None)
         with contextlib.suppress(Exception):
             await self.send({"type": "websocket.send", "text": frame})
         await self._close(close_code)
         return None
+
+    async def _accept(self, record: Optional[resume.Resume]) -> None:
+        await self.send({"type": "websocket.accept", "headers": resume.granted(record) if record else []})
+        self.accepted = True
+
+    async def _resume(self, session_id: str, token: str) -> Optional[Session]:
+        try:
+            session, previous = self.manager.resume(session_id, token, self)
+        except OpenEnvError as exc:
+            kind = kind_of(exc)
+            await refuse_handshake(
+                None, self.send, self.scope, kind.http_status, {"detail": exc.text, "code": kind.ws_code}
+            )
+            return None
+        await self._accept(session.resume)
+        if previous is not None:
+            previous.supersede()
+        return session
 
     async def _process(self) -> None:
         send, receive, backlog = self.send, self.receive, self._backlog
@@ -290,6 +349,8 @@ class WSConnection:
         # ASGI send's coroutine and websockets' framing.
         send_now = getattr(getattr(send, "__self__", None), "send_text_now", None)
         while True:
+            if self.superseded:
+                return
             if backlog:
                 message = backlog.popleft()
             elif self.state is ConnectionState.GONE:
@@ -308,6 +369,7 @@ class WSConnection:
             if self._watcher is not None:
                 await self._stop_watcher()
             if reply is CLOSE:
+                self.clean = True
                 # Free the slot before the close frame goes out: a client that reconnects as soon as
                 # its close completes must find it free.
                 await self._release()
@@ -334,6 +396,17 @@ class WSConnection:
             return error_frame(WSErrorCode.INVALID_JSON, f"Invalid JSON: {exc}")
         if not isinstance(message, dict):
             return _envelope_error(WSStepMessage, message)
+        record = self.session.resume if self.session is not None else None
+        if record is not None and resume.SEQ_KEY in message:
+            seq = message.pop(resume.SEQ_KEY)
+            try:
+                return await record.once(seq, lambda: self.dispatch(message))
+            except Exception as exc:
+                return error_frame_of(exc, "call refused")
+        return await self.dispatch(message)
+
+    async def dispatch(self, message: Dict[str, Any]) -> Any:
+        """The reply to one frame's JSON object (or CLOSE)."""
         kind = message.get("type")
         try:
             if kind == "step":  # the hot path, kept inline
