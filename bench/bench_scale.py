@@ -13,6 +13,7 @@ The load client runs in a process of its own (``python bench_scale.py client ...
 process that runs the front. Each run is bounded in sessions and time.
 
     python bench/bench_scale.py [--seconds 8] [--repeats 2] [--ceiling 9000] [--hold 60]
+                                [--ceiling-direct 12000]
 """
 
 from __future__ import annotations
@@ -153,13 +154,19 @@ def tree_rss_kib(pid: int) -> int:
 
 
 async def _open(url: str, n: int, parallel: int = 200) -> List[Any]:
-    from websockets.asyncio.client import connect
+    """``n`` sessions on ``url``: ``ws://...`` (through the front) or ``unix:PATH`` (one worker's
+    own socket, as the front reaches it)."""
+    from websockets.asyncio.client import connect, unix_connect
 
     gate = asyncio.Semaphore(parallel)
+    options: Dict[str, Any] = {"compression": None, "open_timeout": 120, "ping_interval": None, "max_queue": 4}
 
     async def one() -> Any:
         async with gate:
-            ws = await connect(url, compression=None, open_timeout=120, ping_interval=None, max_queue=4)
+            if url.startswith("unix:"):
+                ws = await unix_connect(url[len("unix:") :], uri="ws://localhost/ws", **options)
+            else:
+                ws = await connect(url, **options)
             await ws.send('{"type":"reset","data":{}}')
             reply = await ws.recv()
             if '"error"' in reply[:20]:
@@ -294,6 +301,45 @@ def ceiling(package: Path, sessions: int, hold: float, period: float) -> Dict[st
     return result
 
 
+def ceiling_direct(package: Path, sessions: int, hold: float, period: float) -> Dict[str, Any]:
+    """The same hold with the front out of the way: one load process per worker, each on that
+    worker's Unix socket. The front needs two descriptors per session (the client's and the
+    worker's), so under a hard ``ulimit -n`` of N it relays at most about N/2 sessions; the
+    workers themselves are bound only by their own limits."""
+    per_worker = (sessions + 1) // 2
+    options = {"env_vars": {"OPENENV_MAX_SESSIONS": str(per_worker)}, "max_open_files": per_worker + 512}
+    with pool(package, 2, "trivial", **options) as served:
+        paths = [worker.socket_path for worker in served.front.workers.values()]
+        clients = [
+            subprocess.Popen(
+                [sys.executable, __file__, "client", "hold", f"unix:{path}", str(per_worker), str(hold), str(period)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for path in paths
+        ]
+        rows = []
+        for client in clients:
+            out, err = client.communicate(timeout=hold + 600)
+            if client.returncode != 0:
+                raise RuntimeError(err[-2000:])
+            rows.append(json.loads(out.strip().splitlines()[-1]))
+    p99s = [r["p99_ms"] for r in rows if r["p99_ms"] is not None]
+    return {
+        "sessions": sum(r["sessions"] for r in rows),
+        "answered": sum(r["answered"] for r in rows),
+        "failures": sum(r["failures"] for r in rows),
+        "first_failure": next((r["first_failure"] for r in rows if r["first_failure"]), None),
+        "p50_ms": max(r["p50_ms"] for r in rows if r["p50_ms"] is not None),
+        "p99_ms": max(p99s) if p99s else None,
+        "open_s": max(r["open_s"] for r in rows),
+        "per_worker": rows,
+        "hold_s": hold,
+        "period_s": period,
+    }
+
+
 def idle_memory(package: Path, sessions: int) -> Dict[str, Any]:
     per_worker = (sessions + 1) // 2
     options = {"env_vars": {"OPENENV_MAX_SESSIONS": str(per_worker)}, "max_open_files": per_worker + 512}
@@ -334,6 +380,9 @@ def main() -> int:
     parser.add_argument("--ceiling", type=int, default=9000, help="sessions held at once (0: skip)")
     parser.add_argument("--hold", type=float, default=60.0)
     parser.add_argument("--period", type=float, default=10.0, help="seconds between two steps of a session")
+    parser.add_argument(
+        "--ceiling-direct", type=int, default=0, help="sessions held at once on the workers' own sockets (0: skip)"
+    )
     parser.add_argument("--idle", type=int, default=2000, help="idle sessions for the memory figure (0: skip)")
     args = parser.parse_args()
     hard = raise_fd_limit()
@@ -362,6 +411,15 @@ def main() -> int:
             print(
                 f"ceiling  {row['sessions']} sessions held {args.hold:g} s, a step each every {args.period:g} s: "
                 f"{row['answered']} answered, {row['failures']} failed, p50 {row['p50_ms']} ms, "
+                f"p99 {row['p99_ms']} ms (opened in {row['open_s']:.1f} s)",
+                flush=True,
+            )
+        if args.ceiling_direct:
+            row = ceiling_direct(package, args.ceiling_direct, args.hold, args.period)
+            report["ceiling_direct"] = row
+            print(
+                f"direct   {row['sessions']} sessions on the 2 workers' sockets held {args.hold:g} s: "
+                f"{row['answered']} answered, {row['failures']} failed, p50 {row['p50_ms']} ms (worst worker), "
                 f"p99 {row['p99_ms']} ms (opened in {row['open_s']:.1f} s)",
                 flush=True,
             )

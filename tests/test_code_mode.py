@@ -11,7 +11,7 @@ import socket
 from typing import Any, Optional
 
 import pytest
-from fastmcp import FastMCP
+from fastmcp import Context, FastMCP
 
 from openenv.core.containers.runtime.isolation import find_bwrap
 from openenv.core.env_server.http_server import create_app
@@ -115,6 +115,34 @@ def test_code_mode_gives_what_upstreams_exec_gives(env, case):
     observation = env.execute_code(code)
     assert observation.done is False and observation.reward == 0.0
     assert observation.metadata == plain_exec(code, env.get_callables()), case
+
+
+class ContextToolEnv(ToolsOnlyEnv):
+    """A tool with a parameter the server fills in (a FastMCP ``Context``): not in its schema."""
+
+    def __init__(self) -> None:
+        super().__init__(FastMCP("context-tools"))
+
+        @self.mcp_server.tool
+        def whoami(note: str, ctx: Context) -> str:
+            return f"{ctx!r}: {note}"
+
+    def _step_impl(self, action: Any, timeout_s: Optional[float] = None, **kwargs: Any) -> Observation:
+        return self.execute_code(action.code, timeout_s=timeout_s)
+
+
+def test_code_cannot_set_the_parameters_the_server_fills_in():
+    """Over MCP, ``ctx`` is not an argument a caller may send; a plain ``exec`` of the raw function
+    (upstream's code mode) lets the agent's code pass anything there, by keyword or position."""
+    environment = ContextToolEnv()
+    try:
+        raw = environment.get_callables()
+        for code in ("result = whoami('hi', ctx='admin')", "result = whoami('hi', 'admin')"):
+            assert plain_exec(code, raw) == {"result": "'admin': hi"}  # the attack, without the guard
+            error = environment.execute_code(code).metadata["error"]
+            assert "whoami() got an unexpected keyword argument 'ctx'" in error or "positional arguments" in error
+    finally:
+        environment.close()
 
 
 def test_async_tools_are_awaited_and_tools_run_in_the_environment(env):

@@ -216,8 +216,10 @@ def strict_front(pool: SandboxPool) -> Iterator[Any]:
         (b"POST /step HTTP/1.1\r\nhost: x\r\ncontent-length: 2000000\r\n\r\n{", 413, b"OPENENV_MAX_MESSAGE_MB"),
         (b"POST /step HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n" + b"100000\r\n" + b"{" * 0x100000 + b"\r\n" + b"100000\r\n" + b"{" * 0x100000 + b"\r\n", 413, b"OPENENV_MAX_MESSAGE_MB"),
         (b"GET /health HTTP/1.1\r\nhost: x\r\n", 408, b"OPENENV_HEADER_TIMEOUT_S"),
+        (b"CONNECT 127.0.0.1:22 HTTP/1.1\r\nhost: 127.0.0.1:22\r\n\r\n", 400, b"only WebSocket upgrades"),
+        (b"GET /ws HTTP/1.1\r\nhost: x\r\nupgrade: h2c\r\nconnection: upgrade\r\n\r\n", 400, b"only WebSocket upgrades"),
     ],
-    ids=["unknown-prefix", "unprefixed-attach", "malformed", "head-too-large", "body-too-large", "chunks-too-large", "slow-head"],
+    ids=["unknown-prefix", "unprefixed-attach", "malformed", "head-too-large", "body-too-large", "chunks-too-large", "slow-head", "connect", "not-websocket-upgrade"],
 )  # fmt: skip
 def test_bad_requests_get_a_clear_error_and_the_front_keeps_serving(strict_front, request_bytes, status, says) -> None:
     answer = _raw(strict_front, request_bytes)
@@ -225,6 +227,31 @@ def test_bad_requests_get_a_clear_error_and_the_front_keeps_serving(strict_front
     assert b"application/json" in answer and says in answer, answer[:400]
     host, port = strict_front
     assert httpx.get(f"http://{host}:{port}/health", timeout=10).json()["status"] == "healthy"
+
+
+def test_a_deeply_nested_body_is_relayed_to_its_worker_and_answered(strict_front) -> None:
+    body = b"[" * 200_000 + b"]" * 200_000  # json.loads would raise RecursionError in the front
+    head = b"POST /mcp HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+    answer = _raw(strict_front, head % len(body) + body)
+    assert answer.startswith(b"HTTP/1.1 "), answer[:200]
+    host, port = strict_front
+    assert httpx.get(f"http://{host}:{port}/health", timeout=10).json()["status"] == "healthy"
+
+
+def test_a_create_sent_again_with_its_key_reaches_the_worker_that_made_it(pool: SandboxPool) -> None:
+    """A resumable client whose create answer was lost sends it again with the same
+    X-OpenEnv-Create-Key: least-loaded placement would put it on another worker, which does not
+    know the key and would make a second session."""
+    body = {"jsonrpc": "2.0", "id": 1, "method": "openenv/session/create"}
+    with httpx.Client(base_url=pool.base_url, timeout=30) as http:
+        made = {}
+        for key in ("key-a", "key-b", "key-c", "key-d"):
+            first = http.post("/mcp", json=body, headers={"x-openenv-create-key": key}).json()["result"]["session_id"]
+            again = http.post("/mcp", json=body, headers={"x-openenv-create-key": key}).json()["result"]["session_id"]
+            assert again == first, key
+            made[key] = first
+        for session_id in made.values():
+            assert _rpc(http, "openenv/session/close", {"session_id": session_id}).status_code == 200
 
 
 def test_the_front_caps_connections_per_client_address(strict_front) -> None:

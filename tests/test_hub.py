@@ -185,6 +185,26 @@ def test_a_hostile_spaces_package_cannot_touch_the_host(tmp_path, monkeypatch):
     assert marker.read_text() == "the package ran on the host"
 
 
+def test_a_spaces_symlinks_do_not_lead_the_host_to_its_own_files(tmp_path, monkeypatch):
+    """The host reads a fetched package's openenv.yaml and pyproject.toml: a Space whose
+    pyproject.toml is a symlink to a host file must not make it read that file."""
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text("the host's secret\n")
+    hub_dir = tmp_path / "hub"
+    repo = make_space_repo(hub_dir, REPO_ID)
+    (repo / "pyproject.toml").unlink()
+    (repo / "pyproject.toml").symlink_to(secret)
+    git("add", "-A", cwd=repo)
+    git("-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "link", cwd=repo)
+    monkeypatch.setenv("OPENENV_HUB_URL", hub_dir.as_uri())
+    monkeypatch.setenv("OPENENV_HUB_CACHE", str(tmp_path / "cache"))
+    fetched = hub.fetch_space(REPO_ID)
+    assert not (fetched / "pyproject.toml").is_symlink()
+    assert (fetched / "pyproject.toml").read_text() == str(secret)  # the link's text, not the host file's
+    again = hub.fetch_space(REPO_ID)
+    assert again != fetched and fetched.exists()  # each fetch its own: a sandbox serving the first keeps it
+
+
 def test_missing_dependencies_are_named_before_anything_runs(tmp_path, monkeypatch):
     hub_dir = tmp_path / "hub"
     pyproject = (

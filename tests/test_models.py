@@ -1037,7 +1037,7 @@ def test_generic_action_is_a_dict_with_a_readable_repr() -> None:
 
 
 def test_env_client_constructor_defaults() -> None:
-    """§6.1 / §12.16: connect 10 s, message 60 s, 100 MiB, ping 20 s / 20 s."""
+    """§6.1 / §12.16: connect 10 s, message 60 s, 100 MiB, ping 20 s / 20 s; and our resume's 30 s."""
     import inspect
 
     parameters = inspect.signature(EnvClient.__init__).parameters
@@ -1052,6 +1052,7 @@ def test_env_client_constructor_defaults() -> None:
         "provider": None,
         "mode": None,
         "headers": None,
+        "reconnect_timeout_s": 30.0,  # ours (docs/resume.md): how long a dropped connection is retried
     }
 
 

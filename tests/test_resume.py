@@ -152,6 +152,31 @@ async def test_a_resume_with_a_wrong_token_is_refused_and_leaves_the_session_alo
         await until(lambda: manager.active_sessions == 0)
 
 
+async def test_a_session_waiting_for_its_resume_cannot_be_taken_by_its_id_alone():
+    """Session ids are shown (handshake headers, logs, errors): while a socket's session waits for
+    its resume, attaching ``/ws?session_id=`` or numbering HTTP calls on it must not hand it
+    over (nor its token), nor disturb the numbers of its own calls."""
+    with serve(counter_app()) as server, FaultProxy(server.port) as proxy:
+        manager = manager_of(server)
+        async with GenericEnvClient(base_url=proxy.base_url) as client:
+            await client.reset()
+            await client.step({"delta": 1})
+            session_id = client._resume[0]
+            assert proxy.fault("reset")
+            await until(lambda: not manager.sessions()[session_id].attached)
+            url = server.base_url.replace("http", "ws") + f"/ws?session_id={session_id}"
+            async with ws_connect(url, additional_headers={"X-OpenEnv-Resume": "1"}) as ws:
+                assert "x-openenv-resume-token" not in ws.response.headers
+                frame = await ws.recv()
+                assert "belongs to a WebSocket connection" in frame
+            async with httpx.AsyncClient(base_url=server.base_url) as http:
+                body = {"action": {"delta": 100}, "session_id": session_id}
+                await http.post("/step", json=body, headers={"X-OpenEnv-Seq": "999999999"})
+            assert (await client.step({"delta": 1})).observation["value"] in (2, 102)
+            assert (await client.step({"delta": 1})).observation["value"] in (3, 103)  # not refused as stale
+        await until(lambda: manager.active_sessions == 0)
+
+
 async def test_sessions_waiting_for_a_resume_hold_their_slot():
     with serve(counter_app(max_concurrent_envs=1)) as server, FaultProxy(server.port) as proxy:
         manager = manager_of(server)
@@ -207,6 +232,9 @@ async def test_a_sequence_number_makes_a_retried_http_step_on_a_named_session_ru
             assert step.json()["observation"]["value"] == 10
             stale = await http.post("/step", json=body, headers={"X-OpenEnv-Seq": "1"})
             assert stale.status_code == 409 and "older than this session's last call" in stale.text
+            for bad in (b"\xb2", b"x", b"9" * 40):  # "²" (isdigit), not a number, too long: the caller's error
+                refused = await http.post("/step", json=body, headers={"X-OpenEnv-Seq": bad})
+                assert 400 <= refused.status_code < 500, (bad, refused.status_code, refused.text)
             state = await http.get("/state", params={"session_id": session_id})
             assert state.json()["step_count"] == 2
             await http.post(

@@ -22,12 +22,14 @@ Configuration (environment variables):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -37,6 +39,8 @@ DEFAULT_HUB_URL = "https://huggingface.co"
 DEFAULT_SPACE_URL_TEMPLATE = "https://{subdomain}.hf.space"
 HEALTH_TIMEOUT_S = 5.0
 CLONE_TIMEOUT_S = 300.0
+FETCH_KEPT_S = 24 * 3600.0
+"""Earlier fetches of a Space older than this are removed when it is fetched again."""
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 _SPACES_PREFIX = re.compile(r"^(?:https?://)?(?:www\.)?huggingface\.co/spaces/")
 
@@ -101,18 +105,23 @@ def _cache_dir() -> Path:
 
 def fetch_space(repo_id: str) -> Path:
     """Clone the Space's repository (shallow, without running anything of it) into the cache;
-    the package directory. A fresh clone each time replaces the previous one."""
+    the package directory. Each fetch gets a directory of its own (a sandbox still serving an
+    earlier fetch keeps its files); fetches older than a day are swept."""
     from ..core.manifest import EnvManifest
 
     if shutil.which("git") is None:
         raise RuntimeError("fetching a Space needs git: install it (apt-get install git)")
-    cache = _cache_dir()
-    cache.mkdir(parents=True, exist_ok=True)
-    target = cache / hf_space_subdomain(repo_id)
-    staging = Path(tempfile.mkdtemp(prefix=".fetch-", dir=cache))
+    home = _cache_dir() / hf_space_subdomain(repo_id)
+    home.mkdir(parents=True, exist_ok=True)
+    _sweep(home, FETCH_KEPT_S)
+    staging = Path(tempfile.mkdtemp(prefix="fetch-", dir=home))
     source = space_repository(repo_id)
-    command = ["git", "-c", "protocol.file.allow=always", "-c", "core.hooksPath=/dev/null", "clone", "--quiet"]
-    command += ["--depth", "1", "--no-recurse-submodules", "--", source, str(staging / "repo")]
+    # No hooks, no submodules, no LFS, and symlinks checked out as plain files: the host reads the
+    # package's openenv.yaml and pyproject.toml, which must not lead it to files of its own.
+    command = ["git", "-c", "core.hooksPath=/dev/null", "-c", "core.symlinks=false"]
+    if "://" not in source or source.startswith("file://"):  # (a local stand-in for the Hub)
+        command += ["-c", "protocol.file.allow=always"]
+    command += ["clone", "--quiet", "--depth", "1", "--no-recurse-submodules", "--", source, str(staging / "repo")]
     try:
         done = subprocess.run(
             command,
@@ -124,12 +133,18 @@ def fetch_space(repo_id: str) -> Path:
         if done.returncode != 0:
             raise RuntimeError(f"could not fetch the Space {repo_id} from {source}: {done.stderr.strip()}")
         EnvManifest.load(staging / "repo")  # it must be an environment package
-        if target.exists():
-            shutil.rmtree(target)
-        (staging / "repo").rename(target)
-    finally:
+    except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
-    return target
+        raise
+    return staging / "repo"
+
+
+def _sweep(home: Path, older_than_s: float) -> None:
+    cutoff = time.time() - older_than_s
+    for fetched in home.glob("fetch-*"):
+        with contextlib.suppress(OSError):
+            if fetched.stat().st_mtime < cutoff:
+                shutil.rmtree(fetched, ignore_errors=True)
 
 
 def missing_requirements(project: Path) -> List[str]:

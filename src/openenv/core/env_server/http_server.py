@@ -32,7 +32,7 @@ from .limits import InFlightBudget
 from .mcp_endpoint import MCPDispatcher
 from .middleware import BearerAuth, BodyLimits, ErrorDetailsScope, http_error
 from .serialization import deserialize_action, serialize_observation, to_json_bytes, to_jsonable
-from .sessions import Session, SessionManager
+from .sessions import Session, SessionKind, SessionManager
 from .settings import ServerOptions, ServerSettings, check_argument, tuned_gc
 from .types import (
     Action,
@@ -235,11 +235,12 @@ class HTTPEnvServer:
         try:
             if session_id:
                 session = self.manager.get(str(session_id))
-                if seq is None:
+                if seq is None or session.kind is SessionKind.SOCKET:  # a socket's numbers are its own
                     return await work(session)
                 # numbered (X-OpenEnv-Seq): a retried call is answered from the record, not run again
                 record = session.resume = session.resume or resume.Resume(session_id=session.id)
-                return await record.once(int(seq) if seq.isdigit() else seq, lambda: work(session))
+                number = int(seq) if seq.isascii() and seq.isdigit() and len(seq) <= 18 else seq
+                return await record.once(number, lambda: work(session))
             async with self.manager.temporary() as session:
                 return await work(session)
         except Exception as exc:

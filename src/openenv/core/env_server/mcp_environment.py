@@ -452,9 +452,15 @@ class MCPEnvironment(Environment):
         (default 30 s). The tools run here, in the environment; the code runs in the sandbox of
         :mod:`openenv.core.tools` and reaches nothing else. Blocks: call it from a sync ``step``.
         """
-        from ..tools.code_mode import CODE_MODE_TIMEOUT_S, run_with_tools
+        from ..tools.code_mode import CODE_MODE_TIMEOUT_S, run_with_tools, schema_arguments_only
 
-        outcome = run_with_tools(code, self.get_callables(), timeout_s=timeout_s or CODE_MODE_TIMEOUT_S)
+        described = {t.name: t for t in get_server_tools(self.mcp_server)}
+        described.update((name, tool) for name, (tool, _) in self._visible_mode_tools().items())
+        tools = {
+            name: schema_arguments_only(fn, getattr(described.get(name), "parameters", None))
+            for name, fn in self.get_callables().items()
+        }
+        outcome = run_with_tools(code, tools, timeout_s=timeout_s or CODE_MODE_TIMEOUT_S)
         if outcome.error is not None:
             return Observation(done=False, reward=0.0, metadata={"error": outcome.error})
         return Observation(done=False, reward=0.0, metadata={"result": outcome.result})

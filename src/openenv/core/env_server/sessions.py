@@ -400,8 +400,16 @@ class SessionManager:
             self.prepare(session)
 
     def attach(self, session_id: str) -> Session:
-        """Attach a socket to a detached session (one socket at a time)."""
+        """Attach a socket to a detached session (one socket at a time). A WebSocket's own
+        session is never reachable by its id, even while it waits for a resume: only
+        :meth:`resume`, with its token, gives it back."""
         session = self.get(session_id)  # a session in the table that is not creating is ready
+        if session.kind is SessionKind.SOCKET:
+            raise SessionCreationError(
+                "socket",
+                f"Session {session_id} belongs to a WebSocket connection: only sessions made with "
+                "openenv/session/create can be attached by id (a dropped connection resumes with its token)",
+            )
         if session.attached:
             raise SessionCreationError("attached", f"Session {session_id} is already attached to another connection")
         session.attached = True

@@ -227,6 +227,8 @@ class WSConnection:
         if session is None or self.superseded:
             return
         if session.resume is not None:
+            if session.resume.owner not in (None, self):  # another connection has resumed it
+                return
             session.resume.owner = None
         if (
             session.kind is SessionKind.SOCKET
@@ -309,7 +311,11 @@ class WSConnection:
                 if resumable:
                     session.resume = session.resume or resume.Resume(session_id=session.id)
                     session.resume.owner = self
-                await self._accept(session.resume if resumable else None)
+                try:
+                    await self._accept(session.resume if resumable else None)
+                except BaseException:
+                    await self.manager.detach(session)  # (the handshake failed: let it go again)
+                    raise
                 return session
             record = resume.Resume(self.manager.new_id(), owner=self) if resumable else None
             await self._accept(record)
@@ -337,9 +343,9 @@ class WSConnection:
                 None, self.send, self.scope, kind.http_status, {"detail": exc.text, "code": kind.ws_code}
             )
             return None
-        await self._accept(session.resume)
-        if previous is not None:
+        if previous is not None:  # before any await: the old connection must not let go of it
             previous.supersede()
+        await self._accept(session.resume)
         return session
 
     async def _process(self) -> None:

@@ -50,6 +50,34 @@ def _answer(tools: Mapping[str, Callable[..., Any]], call: Dict[str, Any], run: 
         return {"raise": type(exc).__name__, "message": str(exc)}
 
 
+def schema_arguments_only(fn: Callable[..., Any], parameters: Optional[Mapping[str, Any]]) -> Callable[..., Any]:
+    """``fn``, refusing the arguments its MCP input schema (``parameters``) does not name: the
+    parameters the server fills in itself (a FastMCP ``Context``, a dependency) are not in the
+    schema, and an agent's code must not set them, by keyword or by position, any more than an
+    MCP call can. Every other call goes to ``fn`` as it is (Python's own errors, as upstream's)."""
+    named = set((parameters or {}).get("properties") or {})
+    try:
+        signature = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return fn
+    hidden = {p.name for p in signature if p.name not in named and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    if not hidden:
+        return fn
+    positional = [p.name for p in signature if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    shown = getattr(fn, "__qualname__", "tool")
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        for key in kwargs:
+            if key in hidden:
+                raise TypeError(f"{shown}() got an unexpected keyword argument {key!r}")
+        if any(name in hidden for name in positional[: len(args)]):
+            takes = sum(name not in hidden for name in positional)
+            raise TypeError(f"{shown}() takes {takes} positional arguments but {len(args)} were given")
+        return fn(*args, **kwargs)
+
+    return call
+
+
 def run_with_tools(
     code: str,
     tools: Mapping[str, Callable[..., Any]],

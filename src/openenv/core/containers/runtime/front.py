@@ -7,6 +7,8 @@ reads each request's head (parsed with ``h11``) and sends it on, byte for byte, 
 * the worker whose prefix the request's session id carries, when it names one: ``?session_id=``
   (``/ws`` attaches, ``/state``), an ``Mcp-Session-Id`` or ``X-OpenEnv-Session`` (the web page's) header, or ``session_id`` (top level or in
   ``params``) in the JSON body of an HTTP call. An id no worker owns is answered 404;
+* for an HTTP create carrying ``X-OpenEnv-Create-Key`` sent again (resumable clients send one,
+  and send it again when the answer was lost), the worker the first one went to;
 * the least-loaded worker otherwise (new ``/ws`` and ``/mcp`` sockets, ``openenv/session/create``,
   stateless calls): the one with the fewest sessions, as the front counts its open sockets and the
   workers report (``GET /openenv/capacity``).
@@ -27,6 +29,7 @@ import itertools
 import json
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 from urllib.parse import parse_qs, urlsplit
@@ -44,6 +47,12 @@ MAX_HEAD_BYTES = 64 * 1024
 """The largest request head accepted (uvicorn's own bound is about the same)."""
 CAPACITY_PATH = "/openenv/capacity"
 _CREATING = frozenset({"openenv/session/create", "initialize"})  # JSON-RPC calls that make a session
+CREATE_KEYS_KEPT = 65536
+"""Create keys the front remembers (key → worker), the oldest forgotten first."""
+_PARSED_BODY_BYTES = 1 << 20
+"""Bodies the front reads for a session id or a JSON-RPC method: larger ones are relayed unread
+(a call naming a session is small; parsing a big body on the front's one loop would stall every
+worker's traffic)."""
 
 
 @dataclass
@@ -131,6 +140,7 @@ class Front(TCPRelay):
         self.token = token.encode() if token else None
         self.report_interval_s = report_interval_s
         self._turn = itertools.count()
+        self._create_keys: OrderedDict[str, str] = OrderedDict()
         self._reporter: Optional[asyncio.Task] = None
 
     # --- the workers ----------------------------------------------------------------------------
@@ -227,6 +237,8 @@ class Front(TCPRelay):
                         await _answer(client_writer, *await self._health(request))
                         return
                     if request.upgrade:
+                        if request.head.method != b"GET" or (request.header(b"upgrade") or "").lower() != "websocket":
+                            raise BadRequest(400, "the front relays only WebSocket upgrades (GET, Upgrade: websocket)")
                         await self._relay_socket(request, client_reader, client_writer)
                         return
                     worker = self._route(request)
@@ -313,11 +325,8 @@ class Front(TCPRelay):
         ]
         if named[-1]:
             return named[-1]
-        if request.body and request.head.method == b"POST":
-            try:
-                message = json.loads(request.body)
-            except ValueError:
-                return None  # the worker answers it, as it would any invalid body
+        if request.head.method == b"POST":
+            message = _message(request.body)  # (None: the worker answers an invalid body)
             if isinstance(message, dict):
                 params = message.get("params")
                 found = message.get("session_id") or (params.get("session_id") if isinstance(params, dict) else None)
@@ -330,9 +339,24 @@ class Front(TCPRelay):
         session_id = self._session_named(request)
         if session_id is not None:
             return self.owner(session_id)
-        worker = self.least_loaded()
-        if path == "/mcp" and request.head.method == b"POST" and _rpc_method(request.body) in _CREATING:
+        key = request.header(b"x-openenv-create-key")
+        worker = self._keyed(key) if key else self.least_loaded()
+        creating = path == "/web/session" or (path == "/mcp" and _rpc_method(request.body) in _CREATING)
+        if creating and request.head.method == b"POST":
             worker.placed += 1
+        return worker
+
+    def _keyed(self, key: str) -> Worker:
+        """The worker for an HTTP create carrying ``X-OpenEnv-Create-Key``: the least-loaded one
+        the first time, and the same one when the create comes again (its answer was lost), so
+        the retry finds the session it made. The last :data:`CREATE_KEYS_KEPT` keys are kept."""
+        prefix = self._create_keys.pop(key, None)
+        worker = self.workers.get(prefix) if prefix is not None else None
+        if worker is None or not worker.up:
+            worker = self.least_loaded()
+        self._create_keys[key] = worker.prefix
+        while len(self._create_keys) > CREATE_KEYS_KEPT:
+            self._create_keys.popitem(last=False)
         return worker
 
     async def _health(self, request: _Request) -> Tuple[int, Dict[str, Any]]:
@@ -451,11 +475,18 @@ def _keeps_alive(head: h11.Request) -> bool:
     return b"close" not in connection
 
 
-def _rpc_method(body: bytes) -> Optional[str]:
-    try:
-        message = json.loads(body)
-    except ValueError:
+def _message(body: bytes) -> Any:
+    """A small JSON body, parsed; None when it is empty, too big to read here or not JSON."""
+    if not body or len(body) > _PARSED_BODY_BYTES:
         return None
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _rpc_method(body: bytes) -> Optional[str]:
+    message = _message(body)
     method = message.get("method") if isinstance(message, dict) else None
     return method if isinstance(method, str) else None
 

@@ -77,9 +77,10 @@ _PAGE_HEADERS = {
     # inherits this policy (it adds a stricter one of its own, see playground.js).
     "content-security-policy": (
         "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
-        "connect-src 'self'; frame-src 'self'; base-uri 'none'; form-action 'none'"
+        "connect-src 'self'; frame-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
     ),
     "x-content-type-options": "nosniff",
+    "x-frame-options": "DENY",  # (no other site may frame the page and lure clicks on it)
     "referrer-policy": "no-referrer",
     "cache-control": "no-cache",
 }
