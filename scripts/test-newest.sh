@@ -38,6 +38,8 @@ TESTS=(
     tests/test_client.py
     tests/test_echo_env.py
     tests/security/test_hostile_clients.py
+    tests/test_resume.py
+    tests/test_mcp_context.py
 )
 
 # Nothing from the caller's shell may switch a fast path off or change what is imported.
