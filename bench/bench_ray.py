@@ -30,20 +30,12 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 from bench_ws import RESULTS, cpu_seconds  # noqa: E402
 
+from openenv.core.containers.runtime.sandbox import _descendants  # noqa: E402
+
 
 def tree(pid: int) -> List[int]:
     """``pid`` and every process below it."""
-    found, frontier = [pid], [pid]
-    while frontier:
-        parent = frontier.pop()
-        for task in Path(f"/proc/{parent}/task").glob("*"):
-            try:
-                children = [int(c) for c in (task / "children").read_text().split()]
-            except (OSError, ValueError):
-                continue
-            found.extend(children)
-            frontier.extend(children)
-    return found
+    return [pid, *_descendants(pid)]
 
 
 def cpu_of(pids: List[int]) -> float:

@@ -32,6 +32,8 @@ from pathlib import Path
 from statistics import median
 from typing import Any, Dict, List
 
+from openenv.core.containers.runtime.sandbox import _descendants
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 
@@ -135,18 +137,10 @@ def rss_kib(pid: int) -> int:
 
 def tree_rss_kib(pid: int) -> int:
     """Resident memory of every process below ``pid`` (the sandboxes' wardens, servers, brokers)."""
-    total, frontier = 0, [pid]
-    while frontier:
-        parent = frontier.pop()
-        for task in Path(f"/proc/{parent}/task").glob("*"):
-            try:
-                children = [int(c) for c in (task / "children").read_text().split()]
-            except (OSError, ValueError):
-                continue
-            for child in children:
-                frontier.append(child)
-                with contextlib.suppress(OSError):
-                    total += rss_kib(child)
+    total = 0
+    for child in _descendants(pid):
+        with contextlib.suppress(OSError):
+            total += rss_kib(child)
     return total
 
 

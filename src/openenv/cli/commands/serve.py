@@ -197,11 +197,7 @@ class _Serve:
         try:
             host, port = await forwarder.start()  # the port first: fail before starting anything
         except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                raise CLIError(
-                    f"port {self.port} on {self.host} is in use; pick another with --port (0 picks a free one)"
-                ) from None
-            raise CLIError(f"cannot listen on {self.host}:{self.port}: {exc}") from None
+            raise self._cannot_listen(exc) from None
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
@@ -230,6 +226,11 @@ class _Serve:
                 loop.remove_signal_handler(sig)
             err.print("Stopped.")
 
+    def _cannot_listen(self, exc: OSError) -> CLIError:
+        if exc.errno == errno.EADDRINUSE:
+            return CLIError(f"port {self.port} on {self.host} is in use; pick another with --port (0 picks a free one)")
+        return CLIError(f"cannot listen on {self.host}:{self.port}: {exc}")
+
     async def _main_pool(self) -> int:
         """``--workers N``: a :class:`SandboxPool` binds the address and runs the workers."""
         loop = asyncio.get_running_loop()
@@ -243,11 +244,7 @@ class _Serve:
                 try:
                     await loop.run_in_executor(None, self.pool.start)
                 except OSError as exc:
-                    if exc.errno == errno.EADDRINUSE:
-                        raise CLIError(
-                            f"port {self.port} on {self.host} is in use; pick another with --port (0 picks a free one)"
-                        ) from None
-                    raise CLIError(f"cannot listen on {self.host}:{self.port}: {exc}") from None
+                    raise self._cannot_listen(exc) from None
                 except (RuntimeError, TimeoutError) as exc:
                     raise CLIError(str(exc)) from None
             self._announce(*self.pool.front.address)
