@@ -353,6 +353,41 @@ def test_render_web_html_cannot_run_code_or_reach_the_server(browser: Any) -> No
         assert by_css(driver, "#web-actions button") == []  # none offered once done
 
 
+@pytest.mark.parametrize("guarded", [True, False], ids=["as-served", "without-frame-ancestors"])
+def test_another_site_cannot_frame_the_page(browser: Any, monkeypatch: Any, guarded: bool) -> None:
+    """A page of another origin puts the playground in an iframe (to lure clicks on Step or the
+    token form). Served as it is, the browser refuses to show it: the framed page never runs, so
+    its script never loads nor asks for the metadata. Without frame-ancestors / X-Frame-Options
+    the same page runs in the frame."""
+    from starlette.applications import Starlette
+    from starlette.responses import HTMLResponse
+    from starlette.routing import Route
+
+    from openenv.core.env_server import web
+
+    if not guarded:
+        policy = web._PAGE_HEADERS["content-security-policy"].replace("; frame-ancestors 'none'", "")
+        unguarded = {k: v for k, v in web._PAGE_HEADERS.items() if k != "x-frame-options"}
+        monkeypatch.setattr(web, "_PAGE_HEADERS", {**unguarded, "content-security-policy": policy})
+    app = Recorder(guess_app())
+    with serve(app) as server:
+
+        async def lure(request: Any) -> HTMLResponse:
+            return HTMLResponse(
+                f'<html><body><iframe src="{server.base_url}/web/" width=900 height=700></iframe></body></html>'
+            )
+
+        with serve(Starlette(routes=[Route("/", lure)])) as other:
+            driver = browser()
+            driver.get(other.base_url + "/")
+            wait_for(driver, lambda d: any(seen.startswith("/web/?") for seen in app.seen))
+            if guarded:
+                time.sleep(2.0)  # the framed page's script would have asked for the metadata by now
+                assert not any(seen.startswith(("/web/metadata", "/web/playground.js")) for seen in app.seen), app.seen
+            else:
+                wait_for(driver, lambda d: any(seen.startswith("/web/metadata") for seen in app.seen))
+
+
 # --- the catalogue's environments in the browser ---------------------------------------------------
 
 
