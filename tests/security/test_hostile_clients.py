@@ -103,7 +103,7 @@ async def test_idle_sockets_lose_their_sessions_and_are_told_why_on_their_next_c
             for ws in idle:
                 await ask(ws, {"type": "reset"})
             async with connect(ws_url(server)) as late:
-                assert json.loads(await late.recv())["data"]["code"] == "CAPACITY_REACHED"
+                assert json.loads(await asyncio.wait_for(late.recv(), 10))["data"]["code"] == "CAPACITY_REACHED"
             await until(lambda: app_server(server).active_sessions == 0)
             async with connect(ws_url(server)) as fresh:  # a slot is free again
                 assert (await ask(fresh, {"type": "reset"}))["type"] == "observation"
@@ -112,7 +112,7 @@ async def test_idle_sockets_lose_their_sessions_and_are_told_why_on_their_next_c
             assert "0.3 s without a call" in reply["data"]["message"]
             assert "OPENENV_SESSION_IDLE_TIMEOUT_S" in reply["data"]["message"]
             with pytest.raises(ConnectionClosed) as closed:
-                await idle[0].recv()
+                await asyncio.wait_for(idle[0].recv(), 10)
             assert closed.value.rcvd.code == 1008
         finally:
             for ws in idle:
