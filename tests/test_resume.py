@@ -93,6 +93,26 @@ async def test_a_stalled_connection_is_replaced_and_the_session_taken_over():
         await until(lambda: manager.active_sessions == 0)
 
 
+@pytest.mark.parametrize("watched", [True, False], ids=["watched", "unwatched"])
+async def test_a_client_that_closes_while_its_call_runs_ends_the_session_at_once(watched, monkeypatch):
+    """close() while a step runs: the close message and close frame arrive before the step's
+    answer, which then cannot be sent. The session ends now; it does not sit out the resume
+    grace period (60 s) holding its slot for a resume that will never come. With the step past
+    WATCH_AFTER_S a watcher reads the close; without one the server reads it after the failed send."""
+    if not watched:
+        monkeypatch.setattr("openenv.core.env_server.ws_endpoint.WATCH_AFTER_S", 30.0)
+    with serve(counter_app()) as server:
+        manager = manager_of(server)
+        assert manager.resume_grace_s == 60
+        client = GenericEnvClient(base_url=server.base_url)
+        await client.reset()
+        step = asyncio.ensure_future(client.step({"delta": 1, "sleep_s": 0.4}))
+        await until(lambda: any(s.lock.locked() for s in manager.sessions().values()))
+        await client.close()
+        await asyncio.gather(step, return_exceptions=True)
+        await until(lambda: manager.active_sessions == 0, timeout=2.0)
+
+
 async def test_a_server_restarted_mid_episode_loses_the_session_and_says_why():
     app = counter_app()
     first = BackgroundServer(app).start()

@@ -70,6 +70,15 @@ def _envelope_error(model: type, message: Any) -> str:
 
 
 CLOSE = object()  # handle_text's reply to a close message
+READ_TO_END_S = 1.0  # how long a connection whose reply failed is read for how it ended
+
+
+def _is_close_message(text: str) -> bool:
+    try:
+        message = parse_json(text)
+    except ValueError:
+        return False
+    return isinstance(message, dict) and message.get("type") == "close"
 
 
 class ConnectionWatch:
@@ -262,10 +271,9 @@ class WSConnection:
         held = sum(len(m.get("text") or "") for m in backlog)
         try:
             while len(backlog) < PIPELINE_DEPTH and held < PIPELINE_MAX_CHARS:
-                message = await self.receive()
+                message = self._admit(await self.receive())
                 if message["type"] == "websocket.disconnect":
                     break
-                message = self._admit(message)
                 held += len(message.get("text") or "")
                 backlog.append(message)
             else:
@@ -385,6 +393,7 @@ class WSConnection:
                 try:
                     await send({"type": "websocket.send", "text": reply})
                 except Exception:
+                    await self._read_how_it_ended()
                     self._gone()
                     return
             session = self.session
@@ -392,6 +401,29 @@ class WSConnection:
                 # the server closed the session under this socket (it sat idle too long): the
                 # error frame just sent says why, and the connection has nothing left to serve
                 await self._close(1008)
+                return
+
+    async def _read_how_it_ended(self) -> None:
+        """A reply could not be sent: the client may have closed on purpose while its call ran
+        (its close message and close frame already received, and answered by the protocol
+        layer). Read what is left, briefly, so such a session ends rather than wait for a resume."""
+        if any(_is_close_message(message.get("text") or "") for message in self._backlog):
+            self.clean = True  # (read by the watcher while the call ran)
+            return
+        if self.state is ConnectionState.GONE:
+            return  # the watcher read up to the disconnect (and its close code)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._read_to_the_end(), READ_TO_END_S)
+
+    async def _read_to_the_end(self) -> None:
+        for _ in range(PIPELINE_DEPTH + 2):
+            message = await self.receive()
+            if message["type"] == "websocket.disconnect":
+                self.clean = self.clean or message.get("code") == 1000
+                return
+            text = message.get("text")
+            if text is not None and len(text) <= self.max_chars and _is_close_message(text):
+                self.clean = True
                 return
 
     async def handle_text(self, text: str) -> Any:
