@@ -232,3 +232,62 @@ def test_a_refused_token_on_a_path_with_no_route_is_still_a_401() -> None:
             return refused.value.response.status_code
 
         assert asyncio.run(attempt()) == 401
+
+
+# --- pages of other sites (middleware.SameOrigin) --------------------------------------------------
+
+EVIL = "http://evil.example"
+
+
+async def test_a_browser_page_of_another_site_is_refused_without_a_token() -> None:
+    """What a browser sends for another site's page (its Origin): the handshake and the POSTs are
+    refused 403 and no environment is built; GETs pass (a cross-site page cannot read their
+    answers); clients that send no Origin, and the server's own page, are served."""
+    from .envs import TRACKER
+
+    app = counter_app()
+    openenv = app.state.openenv_server
+    with serve(app) as server:
+        url = server.base_url
+        own = url  # the server's own origin, as its web page sends it
+        built = TRACKER.created
+        for path in ("/ws", "/mcp"):
+            with pytest.raises(InvalidStatus) as refused:
+                async with connect(_ws_url(server, path), origin=EVIL):
+                    pass
+            assert refused.value.response.status_code == 403
+            answer = json.loads(refused.value.response.body)
+            assert answer["code"] == "FORBIDDEN_ORIGIN" and "OPENENV_ALLOWED_ORIGINS" in answer["detail"]
+        rpc = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "openenv/session/create", "params": {}})
+        for origin in (EVIL, "null", own.replace("127.0.0.1", "localhost"), own.rsplit(":", 1)[0] + ":1"):
+            for path, body in (("/mcp", rpc), ("/reset", "{}"), ("/step", '{"action": {"delta": 1}}')):
+                headers = {"origin": origin, "content-type": "text/plain"}
+                response = httpx.post(url + path, content=body, headers=headers)
+                assert response.status_code == 403, (origin, path)
+                assert response.json()["code"] == "FORBIDDEN_ORIGIN"
+        assert TRACKER.created == built and openenv.active_sessions == 0
+        assert httpx.get(url + "/schema", headers={"origin": EVIL}).status_code == 200
+        for origin in (own, None):
+            async with connect(_ws_url(server), origin=origin) as ws:
+                await ws.send(json.dumps({"type": "reset", "data": {}}))
+                assert json.loads(await ws.recv())["type"] == "observation"
+            headers = {"origin": own} if origin else {}
+            assert httpx.post(url + "/reset", json={}, headers=headers).status_code == 200
+        # behind a proxy that rewrites Host, the page's own origin is the forwarded host
+        proxied = {"origin": "https://space.example.org", "x-forwarded-host": "space.example.org"}
+        assert httpx.post(url + "/reset", json={}, headers=proxied).status_code == 200
+        await until(lambda: openenv.active_sessions == 0)
+
+
+def test_allowed_origins_come_from_the_environment(monkeypatch) -> None:
+    monkeypatch.setenv("OPENENV_ALLOWED_ORIGINS", "https://trainer.example.org, HTTP://127.0.0.1:9000")
+    with serve(counter_app()) as server:
+        for origin, status in (("https://trainer.example.org", 200), ("http://127.0.0.1:9000", 200), (EVIL, 403)):
+            assert httpx.post(server.base_url + "/reset", json={}, headers={"origin": origin}).status_code == status
+    monkeypatch.setenv("OPENENV_ALLOWED_ORIGINS", "*")
+    with serve(counter_app()) as server:
+        assert httpx.post(server.base_url + "/reset", json={}, headers={"origin": EVIL}).status_code == 200
+    for bad in ("evil.example", "ftp://x.example", "https://x.example/path"):
+        monkeypatch.setenv("OPENENV_ALLOWED_ORIGINS", bad)
+        with pytest.raises(ValueError, match="OPENENV_ALLOWED_ORIGINS must be"):
+            counter_app()

@@ -388,6 +388,69 @@ def test_another_site_cannot_frame_the_page(browser: Any, monkeypatch: Any, guar
                 wait_for(driver, lambda d: any(seen.startswith("/web/metadata") for seen in app.seen))
 
 
+@pytest.mark.parametrize("guarded", [True, False], ids=["as-served", "with-any-origin-allowed"])
+def test_another_sites_page_cannot_drive_a_server_without_a_token(
+    browser: Any, monkeypatch: Any, guarded: bool
+) -> None:
+    """A page of another site that a developer happens to open tries to use the server on their
+    machine (no token: the default): a WebSocket to /ws that resets and steps (browsers apply no
+    CORS to WebSockets) and a text/plain POST /mcp that creates a session (a "simple" request, sent
+    without asking). As served, the browser's Origin header gets both refused: no session is ever
+    made. With every origin allowed (OPENENV_ALLOWED_ORIGINS=*, the guard off) the same page
+    steps the environment and takes the server's slots."""
+    from starlette.applications import Starlette
+    from starlette.responses import HTMLResponse
+    from starlette.routing import Route
+
+    if not guarded:
+        monkeypatch.setenv("OPENENV_ALLOWED_ORIGINS", "*")
+    app = guess_app(web=False)
+    manager = server_of(app).manager
+    made: List[str] = []
+    create = manager.create
+
+    async def counted_create(*args: Any, **kwargs: Any) -> Any:
+        session = await create(*args, **kwargs)
+        made.append(session.id)
+        return session
+
+    monkeypatch.setattr(manager, "create", counted_create)
+    with serve(app) as server:
+        target = server.base_url
+        script = f"""
+            const report = (key, value) => {{ document.body.dataset[key] = value; }};
+            const ws = new WebSocket("{target.replace("http", "ws")}/ws");
+            ws.onopen = () => ws.send(JSON.stringify({{type: "reset", data: {{}}}}));
+            ws.onmessage = (e) => {{
+              const reply = JSON.parse(e.data);
+              if (reply.type === "observation" && !document.body.dataset.stepped) {{
+                report("stepped", "1");
+                ws.send(JSON.stringify({{type: "step", data: {{number: 7}}}}));
+              }} else {{ report("ws", "answered"); }}
+            }};
+            ws.onerror = () => report("ws", "refused");
+            fetch("{target}/mcp", {{method: "POST", mode: "no-cors", headers: {{"content-type": "text/plain"}},
+              body: JSON.stringify({{jsonrpc: "2.0", id: 1, method: "openenv/session/create", params: {{}}}})}})
+              .then(() => report("posted", "1"), () => report("posted", "failed"));
+        """
+
+        async def lure(request: Any) -> HTMLResponse:
+            return HTMLResponse(f"<html><body><script>{script}</script></body></html>")
+
+        with serve(Starlette(routes=[Route("/", lure)])) as other:
+            driver = browser()
+            driver.get(other.base_url + "/")
+            data = "return [document.body.dataset.ws, document.body.dataset.posted]"
+            wait_for(driver, lambda d: all(d.execute_script(data)))
+            ws, posted = driver.execute_script(data)
+            assert posted == "1"  # sent (a no-cors answer is opaque to the page either way)
+            if guarded:
+                assert ws == "refused" and made == [] and manager.active_sessions == 0
+            else:
+                assert ws == "answered" and driver.execute_script("return document.body.dataset.stepped") == "1"
+                assert len(made) == 2  # the socket's session and the one POST /mcp created
+
+
 # --- the catalogue's environments in the browser ---------------------------------------------------
 
 

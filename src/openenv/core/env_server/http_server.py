@@ -30,7 +30,7 @@ from .exceptions import EnvironmentCallError, EnvironmentResultError
 from .interfaces import Environment
 from .limits import InFlightBudget
 from .mcp_endpoint import MCPDispatcher
-from .middleware import BearerAuth, BodyLimits, ErrorDetailsScope, http_error
+from .middleware import BearerAuth, BodyLimits, ErrorDetailsScope, SameOrigin, http_error
 from .serialization import deserialize_action, serialize_observation, to_json_bytes, to_jsonable
 from .sessions import Session, SessionKind, SessionManager
 from .settings import ServerOptions, ServerSettings, check_argument, tuned_gc
@@ -323,6 +323,7 @@ class HTTPEnvServer:
         app.add_middleware(WSRoute, context=self.ws_context, routes=app.router.routes)
         if self.auth_token is not None:
             app.add_middleware(BearerAuth, token=self.auth_token, open_paths=open_paths)
+        app.add_middleware(SameOrigin, allowed=self.settings.allowed_origins)
         app.add_middleware(ErrorDetailsScope, choice=self.settings.error_details)
 
     def _install_lifespan(self, app: FastAPI) -> None:

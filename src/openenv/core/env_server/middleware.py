@@ -1,7 +1,7 @@
 """The edges around the server's core: small ASGI middlewares that ``create_app`` composes.
 
 From the outside in (see :meth:`.http_server.HTTPEnvServer.register_routes`): :class:`ErrorDetailsScope`
-(:mod:`.error_details`), :class:`BearerAuth` (:mod:`.auth`), :class:`.ws_endpoint.WSRoute` (which
+(:mod:`.error_details`), :class:`SameOrigin` (other sites' pages), :class:`BearerAuth` (:mod:`.auth`), :class:`.ws_endpoint.WSRoute` (which
 serves ``/ws`` itself) and :class:`BodyLimits`, which bounds HTTP request bodies before any route
 reads them. Each answers what it refuses by the error table of :mod:`.exceptions` (JSON-RPC errors on
 ``/mcp``, ``{"detail", "code"}`` elsewhere) and passes everything else through untouched.
@@ -37,6 +37,7 @@ RPC_ROUTES = frozenset({"/mcp"})
 """Routes that answer in JSON-RPC (and parse their body, depth-checked, themselves)."""
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+_SAFE_METHODS = frozenset({"GET", "HEAD"})
 
 
 def route_path(scope: Dict[str, Any]) -> str:
@@ -62,6 +63,48 @@ class ErrorDetailsScope:
             await self.app(scope, receive, send)
         finally:
             shown_errors.leave(token)
+
+
+class SameOrigin:
+    """Refuses (403) a WebSocket handshake, and an HTTP request other than a ``GET`` or ``HEAD``,
+    that a browser sends for a page of another site.
+
+    Browsers let any page open a WebSocket to any address (there is no CORS for WebSockets) and
+    POST a ``text/plain`` body anywhere; a page a developer visits could otherwise drive a server
+    on their ``127.0.0.1`` that has no token: step its environment, call its tools (some run
+    code). A browser always says who asks (``Origin``); a page of the server's own origin (``Host``,
+    or ``X-Forwarded-Host`` behind a proxy: a page cannot set either) and those of ``allowed``
+    (``OPENENV_ALLOWED_ORIGINS``, ``*``: any) may. Clients that are not browsers send no
+    ``Origin`` and are not affected."""
+
+    def __init__(self, app: Any, allowed: Tuple[str, ...]) -> None:
+        self.app = app
+        self.allowed = frozenset(allowed)
+
+    async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
+        kind = scope["type"]
+        if kind == "lifespan" or (kind == "http" and scope.get("method") in _SAFE_METHODS) or "*" in self.allowed:
+            await self.app(scope, receive, send)
+            return
+        origin, hosts = None, []
+        for name, value in scope.get("headers", ()):
+            if name == b"origin":
+                origin = value.decode("latin-1").strip().lower()
+            elif name in (b"host", b"x-forwarded-host"):
+                hosts.append(value.decode("latin-1").split(",")[0].strip().lower())
+        own = origin.partition("://")[2] if origin is not None else ""
+        if origin is None or origin in self.allowed or (own and own in hosts):
+            await self.app(scope, receive, send)
+            return
+        content = {
+            "detail": f"a page of another site ({origin}) may not use this server; "
+            "allow its origin with OPENENV_ALLOWED_ORIGINS",
+            "code": "FORBIDDEN_ORIGIN",
+        }
+        if kind == "http":
+            await _respond(send, "http", 403, content, (b"connection", b"close"))
+        else:
+            await refuse_handshake(receive, send, scope, 403, content)
 
 
 class BearerAuth:

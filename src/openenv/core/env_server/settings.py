@@ -20,6 +20,10 @@ variable                                default     meaning
                                                     environment exception's text (see :mod:`.error_details`)
 ``OPENENV_AUTH_TOKEN``                  none        bearer token every route but ``/health`` (and the web
                                                     page's own files) needs
+``OPENENV_ALLOWED_ORIGINS``             none        pages of other sites allowed to open ``/ws`` and send
+                                                    POSTs (comma-separated ``scheme://host[:port]``, or
+                                                    ``*``: any); a browser's page of this server's own
+                                                    origin always may (see :class:`.middleware.SameOrigin`)
 ``ENABLE_WEB_INTERFACE``                off         ``1``/``true``/``yes``: serve the web playground at ``/web/``
                                                     (upstream's variable; see :mod:`.web`)
 ``OPENENV_SESSION_ID_PREFIX``           none        every session id this server makes starts with it and a
@@ -140,6 +144,20 @@ def _prefix(raw: str) -> str:
     return raw
 
 
+def _origins(raw: str) -> Tuple[str, ...]:
+    found = []
+    for item in (part.strip().lower() for part in raw.split(",")):
+        if not item:
+            continue
+        scheme, sep, rest = item.partition("://")
+        if item != "*" and (scheme not in ("http", "https") or not sep or not rest or "/" in rest):
+            raise ValueError(
+                "must be '*' or origins like https://example.org or http://127.0.0.1:8000, comma-separated"
+            )
+        found.append(item)
+    return tuple(found)
+
+
 def _mode(raw: str) -> ServerMode:
     try:
         return ServerMode(raw.lower())
@@ -158,6 +176,7 @@ _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "auth_token": str,
     "session_id_prefix": _prefix,
     "library_internals": _boolean,
+    "allowed_origins": _origins,
     "gc_tuning": _boolean,
     "sched_batch": _boolean,
     "web": _boolean,
@@ -308,6 +327,8 @@ class ServerSettings:
     sched_batch: bool = False
     web: bool = False
     """Serve the web playground (``ENABLE_WEB_INTERFACE``, ``create_app(..., web=True)``)."""
+    allowed_origins: Tuple[str, ...] = ()
+    """Other sites' pages that may use this server from a browser (``OPENENV_ALLOWED_ORIGINS``)."""
 
     @classmethod
     def resolve(
@@ -340,6 +361,9 @@ class ServerSettings:
         if max_message_size_mb is not None:
             own["max_message_mb"] = max_message_size_mb
         values["limits"] = ServerLimits.from_env(env, **own)
+        origins = read(env, "allowed_origins")
+        if origins is not dataclasses.MISSING:
+            values["allowed_origins"] = origins
         return cls(**values)
 
 
