@@ -2,7 +2,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip
+# pip 26 shows build backends' warnings; setuptools' editable installs of the env packages each
+# print an informational 10-line "Editable installation." box. Only that message is silenced.
+PIP := PYTHONWARNINGS="ignore:Editable installation.:UserWarning" $(PY) -m pip
 # Three installs, each on first use: the demo's (the core and the echo environment: light, no
 # torch), the tests' (dev tools and every environment package) and the training examples' (torch).
 DEMO_STAMP := $(VENV)/.demo-installed
