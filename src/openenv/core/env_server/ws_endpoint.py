@@ -417,12 +417,10 @@ class WSConnection:
 
     async def _read_to_the_end(self) -> None:
         for _ in range(PIPELINE_DEPTH + 2):
-            message = await self.receive()
+            message = self._admit(await self.receive())  # (a disconnect: records its close code)
             if message["type"] == "websocket.disconnect":
-                self.clean = self.clean or message.get("code") == 1000
                 return
-            text = message.get("text")
-            if text is not None and len(text) <= self.max_chars and _is_close_message(text):
+            if _is_close_message(message.get("text") or ""):
                 self.clean = True
                 return
 
