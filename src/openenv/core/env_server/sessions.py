@@ -24,7 +24,6 @@ through one :class:`SessionManager`. It owns:
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import functools
@@ -36,7 +35,7 @@ import time
 import uuid
 from collections import OrderedDict
 from enum import Enum
-from typing import Any, AsyncIterator, Awaitable, Callable, Deque, Dict, FrozenSet, Optional, Set, Tuple
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, FrozenSet, Optional, Set, Tuple
 
 import pydantic
 
@@ -100,46 +99,6 @@ class SessionKind(str, Enum):
     TEMPORARY = "temporary"  # one stateless HTTP call; never listed, never counted
 
 
-class SessionLock:
-    """Serialises the calls on one session (FIFO); acquiring it uncontended costs no await."""
-
-    __slots__ = ("_busy", "_waiters")
-
-    def __init__(self) -> None:
-        self._busy = False
-        self._waiters: Deque[asyncio.Future] = collections.deque()
-
-    def locked(self) -> bool:
-        return self._busy
-
-    def acquire(self) -> Optional[asyncio.Future]:
-        """None when acquired at once; else a future that resolves once the lock is ours."""
-        if not self._busy:
-            self._busy = True
-            return None
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        return waiter
-
-    async def wait(self, waiter: asyncio.Future) -> None:
-        """Await a waiter from :meth:`acquire`; if cancelled after being handed the lock, pass it on."""
-        try:
-            await waiter
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
-                self.release()
-            raise
-
-    def release(self) -> None:
-        waiters = self._waiters
-        while waiters:
-            waiter = waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)  # ownership passes straight to the waiter
-                return
-        self._busy = False
-
-
 @dataclasses.dataclass(eq=False, slots=True)
 class Session:
     """One environment instance and its bookkeeping. Fields are only touched on the event loop."""
@@ -155,7 +114,7 @@ class Session:
     attached: bool = False
     close_requested: bool = False
     close_reason: Optional[str] = None  # why the server closed it, for its next caller
-    lock: SessionLock = dataclasses.field(default_factory=SessionLock)
+    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)  # one call at a time (FIFO)
     inflight: Optional[Job] = None  # the pool call running on ``env`` (its caller may have left)
     resume: Optional[Resume] = None  # its resume record, where calls carry sequence numbers
 
@@ -486,14 +445,9 @@ class SessionManager:
         await asyncio.shield(self._spawn(self._close_session(session)))
 
     async def _close_session(self, session: Session) -> None:
-        waiter = session.lock.acquire()
-        if waiter is not None:
-            await session.lock.wait(waiter)
-        try:
+        async with session.lock:
             session.transition(SessionState.CLOSED)
             self._discard_env(session)
-        finally:
-            session.lock.release()
 
     def _close_soon(self, env: Any, job: Optional[Job]) -> None:
         """Close ``env`` in the pool, after ``job`` (a call still running on it) has returned, and
@@ -584,11 +538,8 @@ class SessionManager:
     ) -> Any:
         """Run ``async_fn(env)`` on the loop, or ``sync_fn(env)`` in the pool, under the session's
         lock and the step timeout; then mark the session active (``step`` counts a step)."""
-        lock = session.lock
-        waiter = lock.acquire()
-        if waiter is not None:
-            await lock.wait(waiter)
         ok = False
+        await session.lock.acquire()
         try:
             env = await self._env_for_call(session, operation)
             timeout = self.step_timeout_s
@@ -615,7 +566,7 @@ class SessionManager:
                 raise EnvironmentCallError(exc) from exc
             ok = True
         finally:
-            lock.release()
+            session.lock.release()
             session.touch(step and ok)  # a failing call is activity too: the reaper must wait
         return result
 

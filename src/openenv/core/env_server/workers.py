@@ -6,16 +6,11 @@ interpreter exit), and a call abandoned by a timeout or a cancelled request does
 a worker for good: a replacement thread is allowed while the stuck one is busy (up to
 ``max_stuck`` replacements), and the stuck one retires when its call finally returns.
 
-Two details keep a hand-off near the least number of thread switches (``bench/bench_handoff.py``
-measures them):
-
-* Results wake the loop through an eventfd (a pipe off Linux) written with ``os.write``, which
-  lets go of the GIL; uvloop's ``call_soon_threadsafe`` writes while holding it, so the woken loop
-  often sleeps again until the worker lets go. Loops that cannot watch an fd get the latter.
-* With ``batch=True`` (``OPENENV_SCHED_BATCH=1``; off by default, as threads and processes a step
-  starts inherit it) workers run under Linux's ``SCHED_BATCH``: a woken worker does not preempt
-  the event loop that woke it, which holds the GIL until it next waits anyway. A thread already
-  under another policy (``chrt``) keeps it.
+With ``batch=True`` (``OPENENV_SCHED_BATCH=1``; off by default, as threads and processes a step
+starts inherit it) workers run under Linux's ``SCHED_BATCH``: a woken worker does not preempt the
+event loop that woke it, which holds the GIL until it next waits anyway. A thread already under
+another policy (``chrt``) keeps it. (An eventfd written without the GIL to wake the loop, tried
+instead of ``call_soon_threadsafe``, made no difference end to end in ``make bench``.)
 """
 
 from __future__ import annotations
@@ -27,9 +22,8 @@ import itertools
 import logging
 import os
 import queue
-import sys
 import threading
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional
 
 from .exceptions import EnvironmentCallError
 
@@ -103,30 +97,10 @@ class Job:
             callback()
 
 
-_WAKE = (1).to_bytes(8, sys.byteorder)  # an eventfd takes an 8-byte count; a pipe takes any bytes
-
-
-def _wake_fds() -> Optional[Tuple[int, int]]:
-    """A non-blocking (read, write) pair of file descriptors: one eventfd on Linux, else a pipe."""
-    if os.name != "posix":
-        return None
-    if hasattr(os, "eventfd"):
-        with contextlib.suppress(OSError):
-            fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-            return fd, fd
-    try:
-        read_fd, write_fd = os.pipe()
-    except OSError:
-        return None
-    os.set_blocking(read_fd, False)
-    os.set_blocking(write_fd, False)
-    return read_fd, write_fd
-
-
 class _Delivery:
     """Hands finished calls back to one event loop, one wake-up for however many finished meanwhile."""
 
-    __slots__ = ("_lock", "_read_fd", "_write_fd", "closing", "finished", "loop", "pending", "pool", "scheduled")
+    __slots__ = ("finished", "loop", "pending", "pool", "scheduled")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, pool: WorkerPool) -> None:
         self.loop = loop
@@ -134,46 +108,16 @@ class _Delivery:
         self.finished: Deque[Job] = collections.deque()
         self.scheduled = False
         self.pending = 0  # calls submitted and not yet handed back (loop thread only)
-        self.closing = False  # the pool is shut down: close the fds once nothing is pending
-        self._lock = threading.Lock()  # a worker's write against the loop's close
-        self._read_fd = self._write_fd = -1
-        fds = _wake_fds()
-        if fds is not None:
-            try:
-                loop.add_reader(fds[0], self._woken)
-            except (NotImplementedError, RuntimeError, ValueError, OSError):
-                for fd in set(fds):
-                    os.close(fd)
-            else:
-                self._read_fd, self._write_fd = fds
 
     def push(self, job: Job) -> None:  # on a worker thread
         self.finished.append(job)
         if self.scheduled:  # a stale True only means the pending drain picks this one up too
             return
         self.scheduled = True
-        with self._lock:  # against close(): a closed fd's number may already be someone else's
-            write_fd = self._write_fd
-            if write_fd >= 0:
-                try:
-                    os.write(write_fd, _WAKE)
-                except BlockingIOError:  # the pipe is full: a wake-up is pending anyway
-                    pass
-        if write_fd >= 0:
-            if self.loop.is_closed():  # a late call (a stuck one returning): nobody drains now
-                self.close()
-            return
         try:
             self.loop.call_soon_threadsafe(self.drain)
         except RuntimeError:  # the loop is closed: nobody is waiting any more
             pass
-
-    def _woken(self) -> None:  # on the loop
-        try:
-            os.read(self._read_fd, 512)
-        except (BlockingIOError, InterruptedError):
-            pass
-        self.drain()
 
     def drain(self) -> None:  # on the loop
         self.scheduled = False
@@ -186,40 +130,6 @@ class _Delivery:
                 job._finish()
             except Exception:  # a done-callback failed; the other calls still get their results
                 logger.exception("delivering a worker result failed")
-        if self.closing and self.pending <= 0:
-            self.close()
-
-    def retire(self) -> None:
-        """Close the wake-up fds once every call in flight has been handed back."""
-        loop = self.loop
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is not loop and loop.is_running():
-            try:
-                loop.call_soon_threadsafe(self.retire)
-            except RuntimeError:  # closed meanwhile
-                self.close()
-            return
-        # On the loop, or the loop is stopped or closed (nothing selects on the fd meanwhile).
-        self.closing = True
-        if self.pending <= 0 or loop.is_closed():
-            self.close()
-
-    def close(self) -> None:
-        """Stop watching and close the fds (on the loop's thread, or after the loop closed); later
-        results arrive through ``call_soon_threadsafe``, if the loop still runs."""
-        with self._lock:
-            read_fd, write_fd = self._read_fd, self._write_fd
-            self._read_fd = self._write_fd = -1
-        if read_fd < 0:
-            return
-        if not self.loop.is_closed():
-            with contextlib.suppress(Exception):  # the loop is shutting down
-                self.loop.remove_reader(read_fd)
-        for fd in {read_fd, write_fd}:
-            os.close(fd)
 
 
 def _batch_policy() -> None:
@@ -299,7 +209,6 @@ class WorkerPool:
             for key, old in list(self._deliveries.items()):  # forget loops that have closed
                 if old.loop.is_closed():
                     del self._deliveries[key]
-                    old.close()
             delivery = self._deliveries[id(loop)] = _Delivery(loop, self)
         return delivery
 
@@ -385,6 +294,4 @@ class WorkerPool:
         self._closed = True
         for _ in range(self.threads):
             self._queue.put(None)
-        for delivery in list(self._deliveries.values()):
-            delivery.retire()
         self._deliveries.clear()
