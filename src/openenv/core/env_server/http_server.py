@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import math
@@ -577,37 +578,12 @@ def create_app(
     )
 
 
-def create_web_interface_app(
-    env: ENV_FACTORY,
-    action_cls: Type[Action],
-    observation_cls: Type[Observation],
-    env_name: Optional[str] = None,
-    max_concurrent_envs: Optional[int] = None,
-    concurrency_config: Optional[ConcurrencyConfig] = None,
-    gradio_builder: Optional[Callable[..., Any]] = None,
-    custom_tab_name: str = "Custom",
-    custom_tab_primary: bool = False,
-    show_default_tab: bool = True,
-    title_override: Optional[str] = None,
-    state_cls: Type[State] = State,
-    *,
-    mode: Union[ServerMode, str, None] = None,
-    reset_observation_cls: Optional[Type[Observation]] = None,
-    **options: Unpack[ServerOptions],
-) -> FastAPI:
-    """OpenEnv 0.10's name for :func:`create_app` with the web playground: ``create_app(...,
-    web=True)`` (``ENABLE_WEB_INTERFACE=0``, when set, still turns it off)."""
+@functools.wraps(create_app, assigned=("__annotations__",))
+def create_web_interface_app(*args: Any, **options: Any) -> FastAPI:
+    """OpenEnv 0.10's name for :func:`create_app` with the web playground (same signature):
+    ``create_app(..., web=True)`` (``ENABLE_WEB_INTERFACE=0``, when set, still turns it off)."""
     options.setdefault("web", True)
-    return create_app(
-        env,
-        action_cls,
-        observation_cls,
-        env_name,
-        max_concurrent_envs,
-        concurrency_config,
-        gradio_builder,
-        state_cls=state_cls,
-        mode=mode,
-        reset_observation_cls=reset_observation_cls,
-        **options,
-    )
+    return create_app(*args, **options)
+
+
+create_web_interface_app.__signature__ = inspect.signature(create_app)  # type: ignore[attr-defined]

@@ -80,13 +80,8 @@ class StepRequest(BaseModel):
     request_id: Optional[str] = Field(default=None, max_length=255)
 
 
-class StepResponse(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    observation: Dict[str, Any]
-    reward: Optional[float] = None
-    done: bool = False
-    metadata: Optional[Dict[str, Any]] = None
+class StepResponse(ResetResponse):
+    """The same fields as :class:`ResetResponse`."""
 
 
 class BaseMessage(BaseModel):
