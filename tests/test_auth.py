@@ -273,10 +273,98 @@ async def test_a_browser_page_of_another_site_is_refused_without_a_token() -> No
                 assert json.loads(await ws.recv())["type"] == "observation"
             headers = {"origin": own} if origin else {}
             assert httpx.post(url + "/reset", json={}, headers=headers).status_code == 200
-        # behind a proxy that rewrites Host, the page's own origin is the forwarded host
-        proxied = {"origin": "https://space.example.org", "x-forwarded-host": "space.example.org"}
-        assert httpx.post(url + "/reset", json={}, headers=proxied).status_code == 200
         await until(lambda: openenv.active_sessions == 0)
+
+
+def test_behind_a_proxy_the_pages_own_origin_is_the_forwarded_host(monkeypatch) -> None:
+    """A proxy that rewrites Host names the page's host in X-Forwarded-Host: once that name is
+    one the server is known by (OPENENV_ALLOWED_HOSTS), its own page may POST."""
+    proxied = {"origin": "https://space.example.org", "x-forwarded-host": "space.example.org"}
+    with serve(counter_app()) as server:
+        refused = httpx.post(server.base_url + "/reset", json={}, headers=proxied)
+        assert refused.status_code == 403 and refused.json()["code"] == "FORBIDDEN_HOST"
+    monkeypatch.setenv("OPENENV_ALLOWED_HOSTS", "space.example.org")
+    with serve(counter_app()) as server:
+        assert httpx.post(server.base_url + "/reset", json={}, headers=proxied).status_code == 200
+
+
+# --- names the server is not known by (DNS rebinding; middleware.SameOrigin) ------------------------
+
+REBOUND = "rebind.example"
+
+
+async def test_a_page_of_a_name_rebound_to_this_machine_is_refused() -> None:
+    """What a browser sends once a page's name has been turned to 127.0.0.1 (DNS rebinding): Host
+    and Origin both name the page's site, so the origin check alone would take the page for the
+    server's own. The handshakes and the POSTs are refused 403 FORBIDDEN_HOST, naming the setting,
+    and no environment is built; a client that is no browser (no Origin) may use any name."""
+    from .envs import TRACKER
+
+    app = counter_app()
+    openenv = app.state.openenv_server
+    with serve(app) as server:
+        port = server.port
+        host = f"{REBOUND}:{port}"
+        page = {"host": host, "origin": f"http://{host}"}
+        built = TRACKER.created
+        for path in ("/ws", "/mcp"):
+            with pytest.raises(InvalidStatus) as refused:
+                async with connect(_ws_url(server, path), origin=page["origin"], additional_headers={"host": host}):
+                    pass
+            assert refused.value.response.status_code == 403
+            answer = json.loads(refused.value.response.body)
+            assert answer["code"] == "FORBIDDEN_HOST" and "OPENENV_ALLOWED_HOSTS" in answer["detail"]
+        rpc = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "openenv/session/create", "params": {}})
+        for path, body in (("/mcp", rpc), ("/reset", "{}"), ("/step", '{"action": {"delta": 1}}')):
+            response = httpx.post(server.base_url + path, content=body, headers={**page, "content-type": "text/plain"})
+            assert response.status_code == 403 and response.json()["code"] == "FORBIDDEN_HOST", path
+        # a proxy's X-Forwarded-Host is checked too: a page cannot hide its name behind a known Host
+        forwarded = {"origin": page["origin"], "x-forwarded-host": host}
+        assert httpx.post(server.base_url + "/reset", json={}, headers=forwarded).status_code == 403
+        assert TRACKER.created == built and openenv.active_sessions == 0
+        # names no one else can point here pass, with the page's own origin
+        for name in ("localhost", "127.0.0.1", "[::1]", "10.1.2.3"):
+            own = {"host": f"{name}:{port}", "origin": f"http://{name}:{port}"}
+            assert httpx.post(server.base_url + "/reset", json={}, headers=own).status_code == 200, name
+        # a trainer (no Origin) reaching the server by a container's service name, say
+        assert (
+            httpx.post(server.base_url + "/reset", json={}, headers={"host": f"env-service:{port}"}).status_code == 200
+        )
+        await until(lambda: openenv.active_sessions == 0)
+
+
+@pytest.mark.parametrize(
+    "setting, name, allowed",
+    [
+        ("rebind.example", "rebind.example", True),
+        ("rebind.example", "other.example", False),
+        (".example.org", "env.example.org", True),
+        (".example.org", "example.org", True),
+        (".example.org", "badexample.org", False),
+        ("*", "anything.example", True),
+    ],
+)
+def test_allowed_hosts_name_the_names_browsers_may_use(monkeypatch, setting: str, name: str, allowed: bool) -> None:
+    monkeypatch.setenv("OPENENV_ALLOWED_HOSTS", setting)
+    with serve(counter_app()) as server:
+        page = {"host": f"{name}:{server.port}", "origin": f"http://{name}:{server.port}"}
+        response = httpx.post(server.base_url + "/reset", json={}, headers=page)
+        assert response.status_code == (200 if allowed else 403)
+
+
+def test_a_spaces_own_name_is_known(monkeypatch) -> None:
+    """Hugging Face sets SPACE_HOST in a Space's container: its playground works without a setting."""
+    monkeypatch.setenv("SPACE_HOST", "someone-echo.hf.space")
+    with serve(counter_app()) as server:
+        page = {"origin": "https://someone-echo.hf.space", "host": "someone-echo.hf.space"}
+        assert httpx.post(server.base_url + "/reset", json={}, headers=page).status_code == 200
+
+
+@pytest.mark.parametrize("bad", ["http://env.example.org", "env.example.org:8000", "env example", "a/b"])
+def test_an_allowed_host_that_does_not_parse_is_refused(monkeypatch, bad: str) -> None:
+    monkeypatch.setenv("OPENENV_ALLOWED_HOSTS", bad)
+    with pytest.raises(ValueError, match="OPENENV_ALLOWED_HOSTS must be"):
+        counter_app()
 
 
 def test_allowed_origins_come_from_the_environment(monkeypatch) -> None:

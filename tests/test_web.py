@@ -7,9 +7,11 @@ Screenshots go to ``$OPENENV_WEB_SHOTS`` when set, else to the test's tmp direct
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Literal, Optional
@@ -140,10 +142,10 @@ def browser() -> Iterator[Callable[[], Any]]:
 
     opened: List[Any] = []
 
-    def open_window() -> Any:
+    def open_window(*flags: str) -> Any:
         options = webdriver.ChromeOptions()
         options.binary_location = shutil.which("chromium")  # the system's: Selenium downloads nothing
-        for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", *flags):
             options.add_argument(flag)
         options.add_argument("--window-size=1300,1100")
         options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
@@ -449,6 +451,128 @@ def test_another_sites_page_cannot_drive_a_server_without_a_token(
             else:
                 assert ws == "answered" and driver.execute_script("return document.body.dataset.stepped") == "1"
                 assert len(made) == 2  # the socket's session and the one POST /mcp created
+
+
+class RebindingSite:
+    """A site whose name has just been turned to this machine (DNS rebinding), on 127.0.0.1: its
+    page (``GET /lure.html``, served before the name was turned, as it were) comes from the
+    attacker; every other connection reaches ``target``'s port byte for byte, Host and Origin as the
+    browser wrote them, as a rebound name sends them to the victim's server."""
+
+    def __init__(self, target_port: int, page: str) -> None:
+        self.target_port, self.page = target_port, page.encode()
+        self.port = 0
+        self._ready = threading.Event()
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
+        self.port = server.sockets[0].getsockname()[1]
+        self._ready.set()
+        async with server:
+            await self._stop.wait()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            if head.startswith(b"GET /lure.html "):
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\nconnection: close\r\n")
+                writer.write(b"content-length: %d\r\n\r\n%s" % (len(self.page), self.page))
+                await writer.drain()
+                return
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+            up_writer.write(head)
+
+            async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+                with contextlib.suppress(Exception):
+                    while chunk := await source.read(65536):
+                        sink.write(chunk)
+                        await sink.drain()
+                with contextlib.suppress(Exception):
+                    sink.close()
+
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass  # the browser left, or the site is closing
+        finally:
+            writer.close()
+
+    def __enter__(self) -> RebindingSite:
+        self._thread.start()
+        self._ready.wait(5)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(5)
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["as-served", "with-any-host-allowed"])
+def test_a_page_whose_name_rebinds_to_this_machine_cannot_drive_the_server(
+    browser: Any, monkeypatch: Any, guarded: bool
+) -> None:
+    """DNS rebinding: a page of rebind.example whose name its owner then turns to 127.0.0.1.
+    To the browser the page and the server are now one origin: the page's Origin equals the Host
+    it sends, so the origin check alone lets it open a playground session, reset and step it, and
+    reset and step over /ws. As served, the name is not one the server is known by: every such
+    call is refused and no session is made. With every name allowed (OPENENV_ALLOWED_HOSTS=*) the
+    same page plays the environment."""
+    if not guarded:
+        monkeypatch.setenv("OPENENV_ALLOWED_HOSTS", "*")
+    app = guess_app()
+    manager = server_of(app).manager
+    made: List[str] = []
+    create = manager.create
+
+    async def counted_create(*args: Any, **kwargs: Any) -> Any:
+        session = await create(*args, **kwargs)
+        made.append(session.id)
+        return session
+
+    monkeypatch.setattr(manager, "create", counted_create)
+    script = """
+        const report = (key, value) => { document.body.dataset[key] = value; };
+        const json = {"content-type": "application/json"};
+        fetch("/web/session", {method: "POST", headers: json, body: "{}"})
+          .then((r) => r.json())
+          .then(async (opened) => {
+            if (!opened.session_id) { report("web", "refused " + opened.code); return; }
+            const headers = {...json, "x-openenv-session": opened.session_id};
+            await fetch("/web/reset", {method: "POST", headers, body: "{}"});
+            const stepped = await (await fetch("/web/step", {method: "POST", headers,
+              body: JSON.stringify({action: {number: 42}})})).json();
+            report("web", "stepped " + stepped.reward);
+          }, () => report("web", "failed"));
+        const ws = new WebSocket("ws://" + location.host + "/ws");
+        ws.onopen = () => ws.send(JSON.stringify({type: "reset", data: {}}));
+        ws.onmessage = (e) => {
+          const reply = JSON.parse(e.data);
+          if (reply.type === "observation" && !document.body.dataset.stepped) {
+            report("stepped", "1");
+            ws.send(JSON.stringify({type: "step", data: {number: 7}}));
+          } else { report("ws", "answered"); }
+        };
+        ws.onerror = () => report("ws", "refused");
+    """
+    with (
+        serve(app) as server,
+        RebindingSite(server.port, f"<html><body><script>{script}</script></body></html>") as site,
+    ):
+        driver = browser("--host-resolver-rules=MAP rebind.example 127.0.0.1")
+        driver.get(f"http://rebind.example:{site.port}/lure.html")
+        data = "return [document.body.dataset.web, document.body.dataset.ws]"
+        wait_for(driver, lambda d: all(d.execute_script(data)))
+        web, ws = driver.execute_script(data)
+        if guarded:
+            assert web == "refused FORBIDDEN_HOST" and ws == "refused"
+            assert made == [] and manager.active_sessions == 0
+        else:
+            assert web == "stepped 1" and ws == "answered"
+            assert len(made) == 2  # the playground's session and the socket's
 
 
 # --- the catalogue's environments in the browser ---------------------------------------------------

@@ -275,13 +275,31 @@ def test_listening_beyond_this_machine_keeps_exception_texts_from_clients(monkey
     public interface, so this checks the decision, not a server on 0.0.0.0.)"""
     from openenv.cli.commands.serve import _server_env
 
-    monkeypatch.delenv("OPENENV_AUTH_TOKEN", raising=False)
+    for name in ("OPENENV_AUTH_TOKEN", "OPENENV_ALLOWED_HOSTS", "OPENENV_ALLOWED_ORIGINS"):
+        monkeypatch.delenv(name, raising=False)
     assert _server_env("127.0.0.1", [], None) == {}
     assert _server_env("localhost", ["A=1"], 3) == {"A": "1", "OPENENV_MAX_SESSIONS": "3"}
     assert _server_env("::1", [], None) == {}
-    for host in ("0.0.0.0", "::", "192.0.2.4", "envs.example.org"):
+    for host in ("0.0.0.0", "::", "192.0.2.4"):
         assert _server_env(host, [], None) == {"OPENENV_ERROR_DETAILS": "0"}, host
     assert _server_env("0.0.0.0", ["OPENENV_ERROR_DETAILS=1"], None) == {"OPENENV_ERROR_DETAILS": "1"}
+
+
+def test_what_browsers_may_use_is_handed_to_the_sandboxed_server(monkeypatch):
+    """The server in the sandbox sees only the environment the command gives it: the names and
+    origins this shell allows reach it, and a name given as --host is one browsers may use."""
+    from openenv.cli.commands.serve import _server_env
+
+    monkeypatch.delenv("OPENENV_AUTH_TOKEN", raising=False)
+    monkeypatch.setenv("OPENENV_ALLOWED_ORIGINS", "https://trainer.example.org")
+    monkeypatch.setenv("OPENENV_ALLOWED_HOSTS", "envs.lan")
+    assert _server_env("127.0.0.1", [], None) == {
+        "OPENENV_ALLOWED_ORIGINS": "https://trainer.example.org",
+        "OPENENV_ALLOWED_HOSTS": "envs.lan",
+    }
+    named = _server_env("envs.example.org", [], None)
+    assert named["OPENENV_ALLOWED_HOSTS"] == "envs.lan,envs.example.org"
+    assert named["OPENENV_ERROR_DETAILS"] == "0"
 
 
 def test_web_serves_the_playground_too():

@@ -6,6 +6,7 @@ import ast
 import asyncio
 import errno
 import importlib.util
+import ipaddress
 import os
 import signal
 import sys
@@ -105,7 +106,22 @@ def _server_env(host: str, pairs: List[str], max_sessions: Optional[int], web: b
     token = os.environ.get("OPENENV_AUTH_TOKEN")
     if token:  # handed on in the environment, never on a command line
         env_vars.setdefault("OPENENV_AUTH_TOKEN", token)
+    for name in ("OPENENV_ALLOWED_HOSTS", "OPENENV_ALLOWED_ORIGINS"):  # what browsers may use: this shell's say
+        if os.environ.get(name, "").strip():
+            env_vars.setdefault(name, os.environ[name])
+    if not _is_address(host) and host != "localhost":
+        # served under a name of its own (--host env.lan): browsers may use it by that name
+        named = [part for part in env_vars.get("OPENENV_ALLOWED_HOSTS", "").split(",") if part.strip()]
+        env_vars["OPENENV_ALLOWED_HOSTS"] = ",".join([*named, host])
     return env_vars
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return True
+    except ValueError:
+        return False
 
 
 def _parse_env(pairs: List[str]) -> Dict[str, str]:

@@ -324,7 +324,7 @@ class HTTPEnvServer:
         app.add_middleware(WSRoute, context=self.ws_context, routes=app.router.routes)
         if self.auth_token is not None:
             app.add_middleware(BearerAuth, token=self.auth_token, open_paths=open_paths)
-        app.add_middleware(SameOrigin, allowed=self.settings.allowed_origins)
+        app.add_middleware(SameOrigin, allowed=self.settings.allowed_origins, hosts=self.settings.allowed_hosts)
         app.add_middleware(ErrorDetailsScope, choice=self.settings.error_details)
 
     def _install_lifespan(self, app: FastAPI) -> None:

@@ -9,6 +9,7 @@ reads them. Each answers what it refuses by the error table of :mod:`.exceptions
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 from typing import Any, Dict, Optional, Tuple
@@ -67,23 +68,32 @@ class ErrorDetailsScope:
 
 class SameOrigin:
     """Refuses (403) a WebSocket handshake, and an HTTP request other than a ``GET`` or ``HEAD``,
-    that a browser sends for a page of another site.
+    that a browser sends for a page of another site, or for a page of a name this server is not
+    known by.
 
     Browsers let any page open a WebSocket to any address (there is no CORS for WebSockets) and
     POST a ``text/plain`` body anywhere; a page a developer visits could otherwise drive a server
     on their ``127.0.0.1`` that has no token: step its environment, call its tools (some run
     code). A browser always says who asks (``Origin``); a page of the server's own origin (``Host``,
     or ``X-Forwarded-Host`` behind a proxy: a page cannot set either) and those of ``allowed``
-    (``OPENENV_ALLOWED_ORIGINS``, ``*``: any) may. Clients that are not browsers send no
-    ``Origin`` and are not affected."""
+    (``OPENENV_ALLOWED_ORIGINS``, ``*``: any) may.
 
-    def __init__(self, app: Any, allowed: Tuple[str, ...]) -> None:
+    "The server's own origin" is only as good as the name in ``Host``: a page of a name whose DNS
+    answer its owner changes to 127.0.0.1 after the page loaded (DNS rebinding) is, to the
+    browser, of the same origin as the server it then reaches. So a browser's request must also
+    name this server by a name it is known by (:func:`known_host`): ``localhost``, an IP address
+    (rebinding needs a name), one of ``hosts`` (``OPENENV_ALLOWED_HOSTS``; a Space's
+    ``SPACE_HOST``). Clients that are not browsers send no ``Origin`` and are not affected: a
+    trainer may reach a server by any name (a container's service name, say)."""
+
+    def __init__(self, app: Any, allowed: Tuple[str, ...], hosts: Tuple[str, ...] = ()) -> None:
         self.app = app
         self.allowed = frozenset(allowed)
+        self.hosts = frozenset(hosts)
 
     async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
         kind = scope["type"]
-        if kind == "lifespan" or (kind == "http" and scope.get("method") in _SAFE_METHODS) or "*" in self.allowed:
+        if kind == "lifespan" or (kind == "http" and scope.get("method") in _SAFE_METHODS):
             await self.app(scope, receive, send)
             return
         origin, hosts = None, []
@@ -92,19 +102,51 @@ class SameOrigin:
                 origin = value.decode("latin-1").strip().lower()
             elif name in (b"host", b"x-forwarded-host"):
                 hosts.append(value.decode("latin-1").split(",")[0].strip().lower())
-        own = origin.partition("://")[2] if origin is not None else ""
-        if origin is None or origin in self.allowed or (own and own in hosts):
+        if origin is None:  # not a browser
             await self.app(scope, receive, send)
             return
-        content = {
-            "detail": f"a page of another site ({origin}) may not use this server; "
-            "allow its origin with OPENENV_ALLOWED_ORIGINS",
-            "code": "FORBIDDEN_ORIGIN",
-        }
+        unknown = next((host for host in hosts if not known_host(host, self.hosts)), None)
+        if unknown is not None:
+            content = {
+                "detail": f"a browser reached this server by the name {unknown!r}, which it is not known by "
+                "(a page whose name was turned to this machine: DNS rebinding); name it in OPENENV_ALLOWED_HOSTS "
+                "to serve browsers by that name",
+                "code": "FORBIDDEN_HOST",
+            }
+        elif "*" in self.allowed or origin in self.allowed or origin.partition("://")[2] in hosts:
+            await self.app(scope, receive, send)
+            return
+        else:
+            content = {
+                "detail": f"a page of another site ({origin}) may not use this server; "
+                "allow its origin with OPENENV_ALLOWED_ORIGINS",
+                "code": "FORBIDDEN_ORIGIN",
+            }
         if kind == "http":
             await _respond(send, "http", 403, content, (b"connection", b"close"))
         else:
             await refuse_handshake(receive, send, scope, 403, content)
+
+
+def known_host(host: str, allowed: frozenset = frozenset()) -> bool:
+    """Whether a ``Host`` header's value (``name[:port]``, ``[v6]:port``) names this server by a
+    name no one else can point at it: ``localhost``, an IP address, or one of ``allowed``
+    (``OPENENV_ALLOWED_HOSTS``: exact names, ``.example.org`` for it and the names under it,
+    ``*`` for any)."""
+    if host.startswith("["):  # [::1]:8000
+        name = host[1 : host.find("]")] if "]" in host else host
+    else:
+        name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    if not name:
+        return False
+    if name == "localhost" or "*" in allowed or name in allowed:
+        return True
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        pass
+    return any(entry.startswith(".") and (name == entry[1:] or name.endswith(entry)) for entry in allowed)
 
 
 class BearerAuth:

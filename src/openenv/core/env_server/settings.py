@@ -24,6 +24,12 @@ variable                                default     meaning
                                                     POSTs (comma-separated ``scheme://host[:port]``, or
                                                     ``*``: any); a browser's page of this server's own
                                                     origin always may (see :class:`.middleware.SameOrigin`)
+``OPENENV_ALLOWED_HOSTS``               none        names, beyond ``localhost`` and IP addresses, by which
+                                                    browsers may reach this server (comma-separated
+                                                    ``host.example.org``; ``.example.org``: it and every
+                                                    name under it; ``*``: any). A browser's request for any
+                                                    other name (DNS rebinding) is refused; a Hugging Face
+                                                    Space's own name (``SPACE_HOST``) is always known
 ``ENABLE_WEB_INTERFACE``                off         ``1``/``true``/``yes``: serve the web playground at ``/web/``
                                                     (upstream's variable; see :mod:`.web`)
 ``OPENENV_SESSION_ID_PREFIX``           none        every session id this server makes starts with it and a
@@ -83,6 +89,7 @@ import dataclasses
 import gc
 import math
 import os
+import re
 from typing import Any, Callable, Iterator, Mapping, Optional, Tuple
 
 from typing_extensions import TypedDict
@@ -158,6 +165,23 @@ def _origins(raw: str) -> Tuple[str, ...]:
     return tuple(found)
 
 
+_HOST_NAME = re.compile(r"\.?[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*")
+
+
+def _hosts(raw: str) -> Tuple[str, ...]:
+    found = []
+    for item in (part.strip().lower() for part in raw.split(",")):
+        if not item:
+            continue
+        if item != "*" and (len(item) > 253 or not _HOST_NAME.fullmatch(item)):
+            raise ValueError(
+                "must be '*' or host names like env.example.org (a leading dot: the name and every "
+                "name under it), comma-separated, without scheme or port"
+            )
+        found.append(item)
+    return tuple(found)
+
+
 def _mode(raw: str) -> ServerMode:
     try:
         return ServerMode(raw.lower())
@@ -177,6 +201,7 @@ _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "session_id_prefix": _prefix,
     "library_internals": _boolean,
     "allowed_origins": _origins,
+    "allowed_hosts": _hosts,
     "gc_tuning": _boolean,
     "sched_batch": _boolean,
     "web": _boolean,
@@ -329,6 +354,9 @@ class ServerSettings:
     """Serve the web playground (``ENABLE_WEB_INTERFACE``, ``create_app(..., web=True)``)."""
     allowed_origins: Tuple[str, ...] = ()
     """Other sites' pages that may use this server from a browser (``OPENENV_ALLOWED_ORIGINS``)."""
+    allowed_hosts: Tuple[str, ...] = ()
+    """Names beyond ``localhost`` and IP addresses by which a browser may reach this server
+    (``OPENENV_ALLOWED_HOSTS``)."""
 
     @classmethod
     def resolve(
@@ -361,9 +389,13 @@ class ServerSettings:
         if max_message_size_mb is not None:
             own["max_message_mb"] = max_message_size_mb
         values["limits"] = ServerLimits.from_env(env, **own)
-        origins = read(env, "allowed_origins")
-        if origins is not dataclasses.MISSING:
-            values["allowed_origins"] = origins
+        for field in ("allowed_origins", "allowed_hosts"):
+            value = read(env, field)
+            if value is not dataclasses.MISSING:
+                values[field] = value
+        space = env.get("SPACE_HOST", "").strip().lower()  # set by Hugging Face in a Space's container
+        if space and _HOST_NAME.fullmatch(space):
+            values["allowed_hosts"] = (*values.get("allowed_hosts", ()), space)
         return cls(**values)
 
 
