@@ -241,3 +241,61 @@ def test_the_runs_environment_never_reaches_the_root_processes_that_start_it(pac
     finally:
         served.close()
         library.unlink()
+
+
+# --- issue 36.3: a package name must not show the broker's own directories --------------------
+
+# Run in the nested sandbox: what the directory a package name showed holds; for a /proc, the
+# processes in it and the programs they run.
+_PEEK = """
+import json, os
+shown = "/run/openenv/site/" + NAME
+try:
+    entries = os.listdir(shown)
+except OSError:  # a file, or a directory this uid may not list: shown all the same
+    entries = []
+pids = [e for e in entries if e.isdigit()]
+programs = []
+for pid in pids:
+    try:
+        programs.append(open(f"{shown}/{pid}/cmdline", "rb").read().split(b"\\0")[0].decode())
+    except OSError:
+        pass
+print(json.dumps({"entries": len(entries), "pids": len(pids), "programs": sorted(set(programs))}))
+"""
+
+# Run in the server: the hostile package asks for the directory as a package, honestly.
+_ASK = """
+from openenv.core.tools import run_python
+try:
+    run = run_python("NAME = {name!r}\\n" + {peek!r}, packages=[{name!r}])
+    result = {{"ran": run.stdout, "stderr": run.stderr[-500:]}}
+except ValueError as exc:
+    result = {{"refused": str(exc)}}
+"""
+
+
+@pytest.mark.parametrize("name", ["proc", "etc", "dev", "root", "tmp"])
+def test_a_servers_package_name_cannot_show_the_brokers_directories(warm, name):
+    outcome = warm.value(_ASK.format(name=name, peek=_PEEK))
+    own = warm.value("import os; result = len([p for p in os.listdir('/proc') if p.isdigit()])")
+    assert "ran" not in outcome, (
+        f"packages=[{name!r}] showed the broker's /{name} (the server sees {own} pids): {outcome}"
+    )
+    assert f"'{name}'" in outcome["refused"] and "not importable" in outcome["refused"], outcome
+
+
+@pytest.mark.parametrize("name", [".", "..", "/proc", "proc.self", "proc/self", "", "class", "pröc"])
+def test_a_forged_package_name_is_refused_before_the_broker_resolves_it(warm, name):
+    refused = warm.brokered("print('ran')", packages=[name])
+    assert "refused" in refused and "not a top-level module name" in refused["refused"], refused
+
+
+def test_an_installed_package_is_still_shown_to_a_servers_runs(warm):
+    pytest.importorskip("numpy")
+    run = warm.value(
+        "from openenv.core.tools import run_python\n"
+        "r = run_python('import numpy; print(numpy.arange(4).sum())', packages=['numpy'])\n"
+        "result = (r.exit_code, r.stdout, r.stderr[-500:])"
+    )
+    assert run[:2] == (0, "6\n"), run

@@ -53,7 +53,6 @@ MAX_RUNS = 64
 """Runs one server may have at once; more are refused (each holds a thread and a sandbox here)."""
 MAX_IMPORT_DIRS = 16
 _MESSAGE = 65536
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
 _SYSTEM_PYTHONS = ("/usr/local/bin/python3", "/usr/bin/python3")
 _KILL_ANSWER_S = 30.0
@@ -359,9 +358,11 @@ class Broker:
         if not _FILE_NAME.match(script_name):
             raise RunRefused(f"script name {script_name!r} is not a plain file name")
         packages = get.texts("packages")
-        for name in packages:
-            if not _NAME.match(name):
-                raise RunRefused(f"package {name!r} is not a top-level module name")
+        for name in packages:  # where each is found, and whether it may be shown, the executor checks
+            try:
+                executor.checked_package_name(name)
+            except ValueError as exc:
+                raise RunRefused(str(exc)) from None
         import_paths = get.texts("import_paths")
         if len(import_paths) != len(import_fds):
             raise RunRefused("each import path needs its open directory")

@@ -28,9 +28,11 @@ import asyncio
 import base64
 import functools
 import json
+import keyword
 import logging
 import math
 import os
+import re
 import select
 import selectors
 import shutil
@@ -168,6 +170,11 @@ if sysconfig.get_config_var("Py_ENABLE_SHARED"):
     for name in {sysconfig.get_config_var("INSTSONAME"), sysconfig.get_config_var("LDLIBRARY")}:
         if name and os.path.exists(os.path.join(libdir, name)):
             shared.append(os.path.realpath(os.path.join(libdir, name)))
+site_dirs = site.getsitepackages([sys.base_prefix, sys.prefix])
+paths = sysconfig.get_paths()
+# Where a package may be found: the standard library (os's directory, lib-dynload under it) and
+# the site directories. Not "platstdlib": in a virtual environment that is the venv's lib/pythonX.Y.
+roots = [os.path.dirname(os.__file__), *site_dirs, *(paths.get(k) for k in ("stdlib", "purelib", "platlib"))]
 packages, missing = {}, []
 for name in json.loads(sys.argv[1]):
     try:
@@ -184,11 +191,25 @@ print(json.dumps({
     "executable": os.path.realpath(sys.executable),
     "stdlib": os.path.realpath(os.path.dirname(os.__file__)),
     "shared": shared,
-    "site": sorted({os.path.realpath(p) for p in site.getsitepackages([sys.base_prefix, sys.prefix]) if os.path.isdir(p)}),
+    "site": sorted({os.path.realpath(p) for p in site_dirs if os.path.isdir(p)}),
+    "roots": sorted({os.path.realpath(p) for p in roots if p and os.path.isdir(p)}),
     "packages": packages,
     "missing": missing,
 }))
 """
+
+_PACKAGE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def checked_package_name(name: Any) -> str:
+    """``name`` if it is a top-level module name (an ASCII identifier, not a keyword); else ValueError.
+
+    A sandbox is shown whole top-level packages, so a dotted name has nothing to add (and
+    resolving one would import its parent package), and a name like ``"."``, ``"/proc"`` or
+    ``"proc/self"`` is a path, never a module: none of them reaches the resolver."""
+    if not isinstance(name, str) or not _PACKAGE_NAME.match(name) or keyword.iskeyword(name):
+        raise ValueError(f"package {name!r} is not a top-level module name (such as 'numpy', not 'numpy.linalg')")
+    return name
 
 
 _SYSTEM_PYTHONS = ("/usr/local/bin/python3", "/usr/bin/python3")
@@ -208,22 +229,40 @@ class _Interpreter:
 
 @functools.lru_cache(maxsize=64)
 def _interpreter(python: str, packages: Tuple[str, ...]) -> _Interpreter:
+    """What a sandbox running ``python`` is shown: ValueError if a package name is not a module
+    name, is not found, or is found outside ``python``'s standard library and site-packages."""
+    for name in packages:
+        checked_package_name(name)
+    # Isolated mode (-I): no PYTHONPATH, no user site-packages, neither the current nor the
+    # script's directory on sys.path; and an empty current directory all the same. Run from "/",
+    # every top-level directory (/proc, /etc, /root) was a namespace package, bound as asked.
     try:
-        out = subprocess.run(
-            [python, "-c", _INTERPRETER_PROBE, json.dumps(list(packages))],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd="/",
-            check=True,
-        )
+        with tempfile.TemporaryDirectory(prefix="openenv-resolve-") as empty:
+            out = subprocess.run(
+                [python, "-I", "-c", _INTERPRETER_PROBE, json.dumps(list(packages))],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                cwd=empty,
+                check=True,
+            )
         info = json.loads(out.stdout)
     except (OSError, ValueError, subprocess.SubprocessError) as exc:
         raise IsolationError(f"cannot inspect the Python {python!r} the code is to run on: {exc}") from None
     if info["missing"]:
         raise ValueError(
-            f"packages {info['missing']} are not importable by {python}: install them, or name the top-level module"
+            f"packages {info['missing']} are not importable by {python} from its standard library or "
+            "site-packages: install them, name the top-level module, or pass a directory as import_paths="
         )
+    roots = info["roots"]
+    for name, paths in info["packages"].items():
+        for path in paths:  # real paths: a link out of site-packages is judged by where it leads
+            if not any(path.startswith(root.rstrip("/") + "/") for root in roots):
+                raise ValueError(
+                    f"package {name!r} is found at {path}, outside the standard library and site-packages of "
+                    f"{python} ({', '.join(roots)}): a sandbox is shown installed packages only "
+                    "(pass a directory of your own as import_paths=)"
+                )
     return _Interpreter(
         executable=info["executable"],
         binds=(info["executable"], info["stdlib"], *info["shared"]),
@@ -905,7 +944,7 @@ def run_python(
 def _names(packages: Sequence[str]) -> Tuple[str, ...]:
     if isinstance(packages, str):
         raise TypeError(f"packages must be a sequence of module names, not the string {packages!r}")
-    return tuple(packages)
+    return tuple(checked_package_name(name) for name in packages)
 
 
 def _shell() -> str:
