@@ -5,8 +5,9 @@ slot is left, and the environment counted exactly the steps the client made."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from typing import Any
+from typing import Any, Dict, List, Optional, Tuple
 
 import httpx
 import pytest
@@ -172,31 +173,6 @@ async def test_a_resume_with_a_wrong_token_is_refused_and_leaves_the_session_alo
         await until(lambda: manager.active_sessions == 0)
 
 
-async def test_a_session_waiting_for_its_resume_cannot_be_taken_by_its_id_alone():
-    """Session ids are shown (handshake headers, logs, errors): while a socket's session waits for
-    its resume, attaching ``/ws?session_id=`` or numbering HTTP calls on it must not hand it
-    over (nor its token), nor disturb the numbers of its own calls."""
-    with serve(counter_app()) as server, FaultProxy(server.port) as proxy:
-        manager = manager_of(server)
-        async with GenericEnvClient(base_url=proxy.base_url) as client:
-            await client.reset()
-            await client.step({"delta": 1})
-            session_id = client._resume[0]
-            assert proxy.fault("reset")
-            await until(lambda: not manager.sessions()[session_id].attached)
-            url = server.base_url.replace("http", "ws") + f"/ws?session_id={session_id}"
-            async with ws_connect(url, additional_headers={"X-OpenEnv-Resume": "1"}) as ws:
-                assert "x-openenv-resume-token" not in ws.response.headers
-                frame = await ws.recv()
-                assert "belongs to a WebSocket connection" in frame
-            async with httpx.AsyncClient(base_url=server.base_url) as http:
-                body = {"action": {"delta": 100}, "session_id": session_id}
-                await http.post("/step", json=body, headers={"X-OpenEnv-Seq": "999999999"})
-            assert (await client.step({"delta": 1})).observation["value"] in (2, 102)
-            assert (await client.step({"delta": 1})).observation["value"] in (3, 103)  # not refused as stale
-        await until(lambda: manager.active_sessions == 0)
-
-
 async def test_sessions_waiting_for_a_resume_hold_their_slot():
     with serve(counter_app(max_concurrent_envs=1)) as server, FaultProxy(server.port) as proxy:
         manager = manager_of(server)
@@ -210,6 +186,115 @@ async def test_sessions_waiting_for_a_resume_hold_their_slot():
                     await other.reset()
             assert (await client.step({"delta": 1})).observation["value"] == 2
         await until(lambda: manager.active_sessions == 0)
+
+
+async def drop_after_one_call(url: str) -> Tuple[str, str]:
+    """Open a resumable ``/ws``, make one call and drop the connection (no close): the session
+    then waits for a resume. Returns its id and resume token."""
+    async with ws_connect(url, additional_headers={"X-OpenEnv-Resume": "1"}) as ws:
+        granted = ws.response.headers["x-openenv-session"], ws.response.headers["x-openenv-resume-token"]
+        await ws.send('{"type":"reset","data":{},"seq":1}')
+        await ws.recv()
+        ws.transport.abort()
+    return granted
+
+
+async def resume_briefly(url: str, session: Tuple[str, str], call: Optional[str] = None) -> Optional[Any]:
+    """Resume ``session`` (id, token), send ``call`` (a frame) if given and read its answer, then
+    drop the connection again; returns None, or the refused handshake's response."""
+    headers = {"X-OpenEnv-Session": session[0], "X-OpenEnv-Resume-Token": session[1]}
+    try:
+        async with ws_connect(url, additional_headers=headers) as ws:
+            if call is not None:
+                await ws.send(call)
+                await ws.recv()
+            ws.transport.abort()
+    except InvalidStatus as exc:
+        return exc.response
+    return None
+
+
+async def flap_until_refused(
+    url: str, sessions: List[Tuple[str, str]], period_s: float, give_up_s: float, calls: bool
+) -> Dict[str, Any]:
+    """Resume each of ``sessions`` every ``period_s`` and drop it again at once (with a new call
+    each time when ``calls``), until each resume is refused or ``give_up_s`` pass; returns, per
+    session id, how long after the start its resume was first refused, and the refusal."""
+    started = time.monotonic()
+    refused: Dict[str, Any] = {}
+    seq = 1
+    while len(refused) < len(sessions) and time.monotonic() - started < give_up_s:
+        seq += 1
+        for session in sessions:
+            if session[0] in refused:
+                continue
+            call = json.dumps({"type": "state", "seq": seq}) if calls else None
+            response = await resume_briefly(url, session, call)
+            if response is not None:
+                refused[session[0]] = (time.monotonic() - started, response)
+        await asyncio.sleep(period_s)  # the attacker's pace (the issue's: every 2 s against a 60 s grace)
+    return refused
+
+
+async def test_resumes_that_make_no_call_do_not_hold_slots_past_the_grace_period():
+    """The attack: every slot's session is dropped after a call, then resumed bare and dropped
+    again, over and over, with no connection open in between. A resume that makes no call does
+    not restart the grace clock: the slots are freed one grace period after the drops, and a
+    normal client gets in."""
+    grace = 0.4
+    limits = ServerLimits(resume_grace_s=grace, resume_max_suspended_s=100)  # (only the grace clock acts)
+    with serve(counter_app(max_concurrent_envs=2, limits=limits)) as server:
+        url = server.base_url.replace("http", "ws") + "/ws"
+        sessions = [await drop_after_one_call(url) for _ in range(2)]
+        refused = await flap_until_refused(url, sessions, grace / 8, give_up_s=10 * grace, calls=False)
+        assert len(refused) == 2, "bare resumes kept the slots for 10 grace periods"
+        for after, response in refused.values():
+            assert after < 3 * grace
+            assert response.status_code == 404 and b"OPENENV_RESUME_GRACE_S" in response.body
+        async with GenericEnvClient(base_url=server.base_url) as normal:
+            assert (await normal.step({"delta": 1})).observation["value"] == 1
+
+
+async def test_a_session_resumed_again_and_again_is_closed_once_its_time_without_a_connection_passes_the_cap():
+    """The same attack with a call on each resume (which restarts the grace clock): the total
+    time a session spends without a connection is bounded (OPENENV_RESUME_MAX_SUSPENDED_S)."""
+    grace, cap = 0.4, 1.0
+    limits = ServerLimits(resume_grace_s=grace, resume_max_suspended_s=cap)
+    with serve(counter_app(max_concurrent_envs=1, limits=limits)) as server:
+        url = server.base_url.replace("http", "ws") + "/ws"
+        session = await drop_after_one_call(url)
+        refused = await flap_until_refused(url, [session], grace / 8, give_up_s=10 * cap, calls=True)
+        assert refused, "resumes with a call kept the slot for 10 times the cap"
+        ((after, response),) = refused.values()
+        assert cap < after < 4 * cap
+        assert response.status_code == 404 and b"OPENENV_RESUME_MAX_SUSPENDED_S" in response.body
+        async with GenericEnvClient(base_url=server.base_url) as normal:
+            assert (await normal.step({"delta": 1})).observation["value"] == 1
+
+
+async def test_a_resume_that_makes_a_call_starts_the_grace_period_again():
+    """An honest client on a link that drops now and then: each time it comes back with a call,
+    so its session waits a whole grace period after each drop (here three drops of 0.25 s each
+    against a grace of 0.4 s)."""
+    limits = ServerLimits(resume_grace_s=0.4)  # (the cap: 3 x 0.4 s in all)
+    with serve(counter_app(limits=limits)) as server, FaultProxy(server.port) as proxy:
+        manager = manager_of(server)
+        async with GenericEnvClient(base_url=proxy.base_url) as client:
+            await client.reset()
+            for value in range(1, 4):
+                assert proxy.fault("reset")
+                await asyncio.sleep(0.25)  # away from the server, by the test's design
+                assert (await client.step({"delta": 1})).observation["value"] == value
+            assert proxy.accepted == 4  # resumed each time: the same session
+        await until(lambda: manager.active_sessions == 0)
+
+
+def test_the_cap_on_time_without_a_connection_defaults_to_three_grace_periods():
+    assert ServerLimits(resume_grace_s=10).resume_suspended_cap_s == 30
+    assert ServerLimits(resume_grace_s=10, resume_max_suspended_s=0).resume_suspended_cap_s is None
+    assert ServerLimits.from_env({"OPENENV_RESUME_MAX_SUSPENDED_S": "5"}).resume_suspended_cap_s == 5
+    with pytest.raises(ValueError, match="OPENENV_RESUME_MAX_SUSPENDED_S must be a finite number of seconds"):
+        ServerLimits.from_env({"OPENENV_RESUME_MAX_SUSPENDED_S": "-1"})
 
 
 async def test_a_client_that_does_not_opt_in_gets_todays_sessions():

@@ -5,7 +5,8 @@ Routes (OpenEnv 0.10): ``GET /health``, ``GET /schema``, ``GET /metadata``, ``PO
 the Task API (``/list_environments``, ``/{env_name}/splits|tasks|num_tasks|task|task_range``) and
 FastAPI's ``/docs``; an extension, ``GET /openenv/capacity`` (sessions open and the limit). HTTP ``/reset``, ``/step`` and ``/state`` are stateless (a fresh environment per
 call) unless the request names a session created with ``openenv/session/create``: a
-``session_id`` key in the body, or ``?session_id=`` for ``/state``.
+``session_id`` key in the body, or ``?session_id=`` for ``/state``. A WebSocket's own session is
+never reached this way (it is answered 404, as an unknown id).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from .limits import InFlightBudget
 from .mcp_endpoint import MCPDispatcher
 from .middleware import BearerAuth, BodyLimits, ErrorDetailsScope, SameOrigin, http_error
 from .serialization import deserialize_action, serialize_observation, to_json_bytes, to_jsonable
-from .sessions import Session, SessionKind, SessionManager
+from .sessions import Session, SessionManager
 from .settings import ServerOptions, ServerSettings, check_argument, tuned_gc
 from .types import (
     Action,
@@ -148,6 +149,7 @@ class HTTPEnvServer:
             sched_batch=settings.sched_batch,
             session_id_prefix=settings.session_id_prefix,
             resume_grace_s=limits.resume_grace_s,
+            resume_max_suspended_s=limits.resume_suspended_cap_s,
         )
         self.auth_token = auth.checked_token(settings.auth_token)
         self.manager.prepare = self.prepare_session
@@ -235,8 +237,8 @@ class HTTPEnvServer:
     ) -> Any:
         try:
             if session_id:
-                session = self.manager.get(str(session_id))
-                if seq is None or session.kind is SessionKind.SOCKET:  # a socket's numbers are its own
+                session = self.manager.get(str(session_id))  # (never a socket's own: see SessionManager.get)
+                if seq is None:
                     return await work(session)
                 # numbered (X-OpenEnv-Seq): a retried call is answered from the record, not run again
                 record = session.resume = session.resume or resume.Resume(session_id=session.id)

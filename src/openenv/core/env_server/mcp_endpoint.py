@@ -192,7 +192,11 @@ class MCPDispatcher:
                 session = await self.manager.create(SessionKind.DETACHED)
                 headers["mcp-session-id"] = session.id
         except SessionNotFoundError:
-            message = f"Unknown MCP session: {header_session}"
+            # (a socket's own session is not found by id either: the same answer, see SessionManager.get)
+            message = (
+                f"Unknown MCP session: {header_session}; it was closed or never made here: send initialize "
+                "without Mcp-Session-Id to start a new one"
+            )
             return _rpc_reply(
                 JsonRpcResponse.error_response(JsonRpcErrorCode.INVALID_PARAMS, message, None, rpc.id), 404
             )

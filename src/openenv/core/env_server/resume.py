@@ -23,6 +23,18 @@ answered from the record (once it has finished, if it still runs); a higher numb
 on a named ``session_id`` take the same number in the ``X-OpenEnv-Seq`` header, and an
 ``openenv/session/create`` over HTTP with an ``X-OpenEnv-Create-Key`` (a client's random key) that
 is sent again answers the session the first one created.
+
+**How long a session waits.** A session whose connection dropped waits for its resume while its
+*grace clock* (``OPENENV_RESUME_GRACE_S``) runs: the time it has spent without a connection since its
+last call. A resume that makes no call and drops again does not restart that clock, so a client
+cannot hold a slot by resuming only to drop again. Its total time without a connection, however
+often it is resumed, is bounded too (``OPENENV_RESUME_MAX_SUSPENDED_S``, by default three grace
+periods). :class:`Resume` keeps both clocks; the session manager's reaper reads
+:meth:`Resume.expired`.
+
+**Only the token gives a socket's session.** A session made by a WebSocket is reached through that
+connection, or through a resume with its token: a call naming it by id on any other transport is
+answered as for an id the server never made (see ``SessionManager.get``).
 """
 
 from __future__ import annotations
@@ -31,6 +43,7 @@ import asyncio
 import dataclasses
 import hmac
 import secrets
+import time
 from typing import Any, Awaitable, Callable, Dict, Optional, Tuple
 
 from .exceptions import InvalidSequenceError, StaleCallError
@@ -54,6 +67,11 @@ class Resume:
     seq: int = 0
     answer: Optional[asyncio.Future] = None  # the answer to call ``seq``
     create_key: Optional[str] = None  # the X-OpenEnv-Create-Key of the HTTP create that made it
+    # The clocks of its time without a connection (time.monotonic() seconds; see the module docstring).
+    suspended_at: Optional[float] = None  # when its connection dropped (None: a connection serves it)
+    suspended_s: float = 0.0  # time without a connection before suspended_at, over the session's life
+    quiet_from: Optional[float] = None  # where the grace clock's current stretch began (a drop, or a call's end)
+    quiet_s: float = 0.0  # the grace clock: time without a connection since the last call, before quiet_from
 
     def admits(self, token: str) -> bool:
         return hmac.compare_digest(self.token.encode(), token.encode())
@@ -77,6 +95,52 @@ class Resume:
             raise
         answer.set_result(result)
         return result
+
+    def suspend(self) -> None:
+        """Its connection dropped: both clocks run until :meth:`take`."""
+        self.owner = None
+        self.suspended_at = self.quiet_from = time.monotonic()
+
+    def take(self, owner: Any) -> Any:
+        """Hand the session to the connection ``owner`` (a resume); returns the connection that
+        served it until now (None: none). The clocks stop; the grace clock is not set back (only a
+        call does that)."""
+        now = time.monotonic()
+        if self.suspended_at is not None and self.quiet_from is not None:
+            self.suspended_s += now - self.suspended_at
+            self.quiet_s += now - self.quiet_from
+        self.suspended_at = self.quiet_from = None
+        previous, self.owner = self.owner, owner
+        return previous
+
+    def called(self) -> None:
+        """A call ran on the session: its grace clock starts again (from now, if the call ended
+        while its connection was away)."""
+        self.quiet_s = 0.0
+        if self.suspended_at is not None:
+            self.quiet_from = time.monotonic()
+
+    def expired(self, grace_s: float, cap_s: Optional[float]) -> Optional[str]:
+        """Why a session waiting for its resume must be closed now, or None: its grace clock has
+        passed ``grace_s``, or its time without a connection ``cap_s`` (None: no cap)."""
+        if self.suspended_at is None or self.quiet_from is None:
+            return None
+        now = time.monotonic()
+        if self.quiet_s + (now - self.quiet_from) > grace_s:
+            return GRACE_SPENT.format(grace_s)
+        if cap_s is not None and self.suspended_s + (now - self.suspended_at) > cap_s:
+            return CAP_SPENT.format(cap_s)
+        return None
+
+
+GRACE_SPENT = (
+    "no client resumed it within {:g} s of its connection dropping (OPENENV_RESUME_GRACE_S; a resume "
+    "that makes no call does not restart this clock)"
+)
+CAP_SPENT = (
+    "it spent {:g} s in all without a connection, the most one session may however often it is resumed "
+    "(OPENENV_RESUME_MAX_SUSPENDED_S); start a new episode, or raise that limit where links drop this often"
+)
 
 
 def asked(headers: Any) -> Tuple[bool, Optional[Tuple[str, str]]]:

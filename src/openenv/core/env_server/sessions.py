@@ -17,8 +17,13 @@ through one :class:`SessionManager`. It owns:
   socket attached and no call for ``attached_idle_timeout_s`` (``OPENENV_SESSION_IDLE_TIMEOUT_S``)
   is closed too, so idle connections cannot hold every slot; its next call, and a later lookup of
   its id, say why. No session is reaped while a call runs on it. A resumable socket's session
-  (:mod:`.resume`) outlives a connection that drops uncleanly by ``resume_grace_s``, still holding
-  its slot, and is closed if no client resumes it by then.
+  (:mod:`.resume`) outlives a connection that drops uncleanly, still holding its slot, until its
+  grace clock (time without a connection since its last call) passes ``resume_grace_s`` or its
+  time without a connection in all passes ``resume_max_suspended_s``;
+* **reach** — a call that names a session by id (HTTP ``session_id``, ``Mcp-Session-Id``, the
+  playground's ``X-OpenEnv-Session``, ``openenv/session/*``, ``/ws?session_id=``) finds only one
+  made to be shared so (:attr:`SessionKind.DETACHED`); a socket's session is reached only through
+  its connection or a resume with its token (:meth:`SessionManager.get`).
 """
 
 from __future__ import annotations
@@ -66,7 +71,11 @@ REMEMBERED_REAPED = 1024
 """How many ids of sessions closed for idleness are remembered, to tell a late caller why."""
 _IDLE_ATTACHED = "(the server's idle timeout, OPENENV_SESSION_IDLE_TIMEOUT_S); open a new connection to start again"
 _IDLE_DETACHED = "or a socket attached (ConcurrencyConfig.session_timeout)"
-_GRACE = "no client resumed it within {:g} s of its connection dropping (OPENENV_RESUME_GRACE_S)"
+_UNKNOWN = (
+    "Unknown session_id: {}. A call that names a session reaches one made with openenv/session/create "
+    "and still open; a WebSocket's own session is reached only through its connection (or a resume "
+    "with its token)"
+)
 
 TEMPORARY_WAIT_S = 30.0
 """How long a stateless HTTP call waits for one of the ``max_sessions`` slots for such calls
@@ -215,6 +224,7 @@ class SessionManager:
         sched_batch: bool = False,
         session_id_prefix: Optional[str] = None,
         resume_grace_s: float = 0.0,
+        resume_max_suspended_s: Optional[float] = None,
     ) -> None:
         if not callable(factory):
             raise TypeError("factory must be callable")
@@ -229,7 +239,10 @@ class SessionManager:
         self.attached_idle_timeout_s = attached_idle_timeout_s or None
         self.resume_grace_s = resume_grace_s
         """How long a resumable socket's session waits for a resume (0: sockets are not resumable)."""
-        self._reaped: OrderedDict[str, str] = OrderedDict()  # id -> why it was closed
+        self.resume_max_suspended_s = resume_max_suspended_s or None
+        """The most time in all such a session may wait for resumes (None: no bound but the grace)."""
+        # id -> (why it was closed, whether calls naming it by id may be told so)
+        self._reaped: OrderedDict[str, Tuple[str, bool]] = OrderedDict()
         self.step_timeout_s = step_timeout_s or None
         built = factory  # the class the factory builds, when that can be told without calling it
         while isinstance(built, functools.partial):
@@ -263,11 +276,19 @@ class SessionManager:
         return ServerCapacityStatus.from_counts(min(len(self._sessions), self.max_sessions), self.max_sessions)
 
     def get(self, session_id: str) -> Session:
-        """The session named ``session_id``, ready for calls: :class:`SessionNotFoundError` when
-        there is none, :class:`SessionCreationError` while its environment is still being built."""
+        """The session named ``session_id`` by a call on any transport, ready for calls:
+        :class:`SessionNotFoundError` when there is none, :class:`SessionCreationError` while its
+        environment is still being built.
+
+        Only sessions made to be shared by id (:attr:`SessionKind.DETACHED`) are found. A socket's
+        own session, attached or waiting for its resume, is answered exactly as an id this server
+        never made: ids are seen (handshake headers, logs, error messages), and one alone must not
+        step, read or close another client's episode. Its connection holds it; :meth:`resume` (with
+        its token) gives it back."""
         session = self._sessions.get(session_id)
-        if session is None:
-            raise SessionNotFoundError(session_id, self._reaped.get(session_id))
+        if session is None or session.kind is SessionKind.SOCKET:
+            why, by_id = self._reaped.get(session_id, (None, False))
+            raise SessionNotFoundError(session_id, why if by_id else _UNKNOWN.format(session_id))
         if session.state is SessionState.CREATING:
             raise SessionCreationError("initializing", f"Session {session_id} is still initializing; retry shortly")
         return session
@@ -359,16 +380,9 @@ class SessionManager:
             self.prepare(session)
 
     def attach(self, session_id: str) -> Session:
-        """Attach a socket to a detached session (one socket at a time). A WebSocket's own
-        session is never reachable by its id, even while it waits for a resume: only
-        :meth:`resume`, with its token, gives it back."""
+        """Attach a socket to a detached session (one socket at a time); a socket's own session
+        is not found by id (:meth:`get`)."""
         session = self.get(session_id)  # a session in the table that is not creating is ready
-        if session.kind is SessionKind.SOCKET:
-            raise SessionCreationError(
-                "socket",
-                f"Session {session_id} belongs to a WebSocket connection: only sessions made with "
-                "openenv/session/create can be attached by id (a dropped connection resumes with its token)",
-            )
         if session.attached:
             raise SessionCreationError("attached", f"Session {session_id} is already attached to another connection")
         session.attached = True
@@ -383,10 +397,10 @@ class SessionManager:
             await self.destroy(session)
 
     async def suspend(self, session: Session) -> None:
-        """A resumable socket's connection dropped uncleanly: its session waits ``resume_grace_s``
-        for :meth:`resume`, then the reaper closes it."""
+        """A resumable socket's connection dropped uncleanly: its session waits for :meth:`resume`
+        while its clocks allow (:meth:`.resume.Resume.expired`), then the reaper closes it."""
         assert session.resume is not None
-        session.resume.owner = None
+        session.resume.suspend()
         session.attached = False
         session.touch()
         if not self.resume_grace_s:
@@ -411,7 +425,7 @@ class SessionManager:
         session = self._sessions.get(session_id)
         record = session.resume if session is not None else None
         if session is None or record is None or session.state not in (SessionState.CREATING, SessionState.READY):
-            why = self._reaped.get(session_id) or (
+            why = self._reaped.get(session_id, ("",))[0] or (
                 f"Session {session_id} is not on this server: it was closed, or the server restarted "
                 "since (sessions do not survive a restart)"
             )
@@ -420,7 +434,7 @@ class SessionManager:
             raise ResumeRefusedError(session_id)
         if session.state is SessionState.CREATING:
             raise SessionCreationError("initializing", f"Session {session_id} is still initializing; retry shortly")
-        previous, record.owner = record.owner, owner
+        previous = record.take(owner)
         session.attached = True
         session.touch()
         return session, previous
@@ -568,6 +582,8 @@ class SessionManager:
         finally:
             session.lock.release()
             session.touch(step and ok)  # a failing call is activity too: the reaper must wait
+            if session.resume is not None:
+                session.resume.called()  # (a resume that makes no call does not get here)
         return result
 
     def _given_up(self, session: Session, job: Optional[Job], operation: str, timeout: Optional[float] = None) -> None:
@@ -652,6 +668,7 @@ class SessionManager:
             self.session_timeout_s,
             self.attached_idle_timeout_s or self.session_timeout_s,
             self.resume_grace_s or self.session_timeout_s,
+            self.resume_max_suspended_s or self.session_timeout_s,
         )
         interval = max(0.05, min(shortest / 4, 5.0))
         while True:
@@ -665,21 +682,19 @@ class SessionManager:
         for s in self._sessions.values():
             if s.state is not SessionState.READY or s.lock.locked():
                 continue
-            if s.attached:
-                bound = self.attached_idle_timeout_s
-            else:
-                bound = self.resume_grace_s if s.kind is SessionKind.SOCKET else self.session_timeout_s
+            if not s.attached and s.kind is SessionKind.SOCKET and s.resume is not None:  # waiting for its resume
+                spent = s.resume.expired(self.resume_grace_s, self.resume_max_suspended_s)
+                if spent is not None:
+                    idle.append((s, f"Session {s.id} was closed: {spent}"))
+                continue
+            bound = self.attached_idle_timeout_s if s.attached else self.session_timeout_s
             if bound is not None and s.last_activity_at < now - bound:
-                idle.append((s, bound))
-        for session, bound in idle:
-            logger.info("closing session %s after %.0f s idle", session.id, bound)
-            if session.kind is SessionKind.SOCKET and not session.attached:
-                reason = f"Session {session.id} was closed: {_GRACE.format(bound)}"
-            else:
-                why = _IDLE_ATTACHED if session.attached else _IDLE_DETACHED
-                reason = f"Session {session.id} was closed after {bound:g} s without a call {why}"
+                why = _IDLE_ATTACHED if s.attached else _IDLE_DETACHED
+                idle.append((s, f"Session {s.id} was closed after {bound:g} s without a call {why}"))
+        for session, reason in idle:
+            logger.info("%s", reason)
             session.close_reason = reason
-            self._reaped[session.id] = reason
+            self._reaped[session.id] = (reason, session.kind is not SessionKind.SOCKET)
             while len(self._reaped) > REMEMBERED_REAPED:
                 self._reaped.popitem(last=False)
             await self.destroy(session)

@@ -62,7 +62,12 @@ variable                                default     meaning
                                                     (pongs, answers); beyond it the client is dropped
 ``OPENENV_RESUME_GRACE_S``              60          how long the session of a resumable ``/ws`` connection that
                                                     dropped uncleanly waits for its client to resume it (0: no
-                                                    resume; see docs/resume.md)
+                                                    resume; see docs/resume.md). Only time without a connection
+                                                    counts, from the session's last call: a resume that makes
+                                                    no call does not restart it
+``OPENENV_RESUME_MAX_SUSPENDED_S``      3 x above   the most time in all that one such session may spend
+                                                    without a connection, however often it is resumed; then
+                                                    it is closed (0: no bound but the grace period)
 ``OPENENV_WS_PING_INTERVAL_S``          20          seconds between the server's WebSocket pings (0: none)
 ``OPENENV_WS_PING_TIMEOUT_S``           300         a client that leaves a ping unanswered this long is dropped
                                                     (0: never): long enough for a trainer whose event loop is
@@ -97,6 +102,10 @@ from typing_extensions import TypedDict
 from .types import ServerMode
 
 _MIB = 1024 * 1024
+RESUME_MAX_SUSPENDED_GRACES = 3
+"""``OPENENV_RESUME_MAX_SUSPENDED_S``'s default, in grace periods: a client whose link drops now and
+then resumes many times within it; one that keeps a session suspended (resuming only to drop again)
+loses it."""
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
@@ -214,6 +223,7 @@ _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "session_idle_timeout_s": _amount("seconds"),
     "max_unsent_mb": _amount("MiB"),
     "resume_grace_s": _amount("seconds", "0: no resume"),
+    "resume_max_suspended_s": _amount("seconds", "0: no bound but OPENENV_RESUME_GRACE_S"),
     "ws_ping_interval_s": _amount("seconds", "0: no pings"),
     "ws_ping_timeout_s": _amount("seconds", "0: no timeout"),
 }
@@ -278,13 +288,14 @@ class ServerLimits:
     session_idle_timeout_s: float = 600.0
     max_unsent_mb: float = 64.0
     resume_grace_s: float = 60.0
+    resume_max_suspended_s: Optional[float] = None  # None: RESUME_MAX_SUSPENDED_GRACES x resume_grace_s
     ws_ping_interval_s: float = 20.0
     ws_ping_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if value is None and field.name == "max_inflight_mb":  # 4 x max_message_mb
+            if value is None and field.name in ("max_inflight_mb", "resume_max_suspended_s"):  # derived
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ValueError(f"ServerLimits.{field.name} must be a number, got {value!r}")
@@ -319,6 +330,14 @@ class ServerLimits:
     @property
     def max_unsent_bytes(self) -> Optional[int]:
         return int(self.max_unsent_mb * _MIB) or None
+
+    @property
+    def resume_suspended_cap_s(self) -> Optional[float]:
+        """The seconds a resumable session may spend without a connection in all (None: no cap)."""
+        cap = self.resume_max_suspended_s
+        if cap is None:
+            cap = RESUME_MAX_SUSPENDED_GRACES * self.resume_grace_s
+        return cap or None
 
 
 class ServerOptions(TypedDict, total=False):
