@@ -53,6 +53,9 @@ variable                                default     meaning
 ``OPENENV_HEADER_TIMEOUT_S``            10          a connection without a request under way (before its first
                                                     request head or WebSocket handshake is complete, and between
                                                     requests) is closed after this
+``OPENENV_REQUEST_TIMEOUT_S``           60          at the front of ``openenv serve --workers``: a whole HTTP request,
+                                                    head and body, must arrive within this of its first byte
+                                                    (HTTP 408; the worker runs nothing)
 ``OPENENV_MAX_CONNECTIONS_PER_CLIENT``  256         open connections from one remote client address
 ``OPENENV_MAX_LOCAL_CONNECTIONS``       0           open connections from this machine (loopback and Unix-socket
                                                     peers together: a trainer's own rollouts)
@@ -218,6 +221,7 @@ _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "max_message_mb": _amount("MiB", None),  # the largest frame accepted
     "max_inflight_mb": _amount("MiB"),
     "header_timeout_s": _amount("seconds"),
+    "request_timeout_s": _amount("seconds"),
     "max_connections_per_client": _count(0),
     "max_local_connections": _count(0),
     "session_idle_timeout_s": _amount("seconds"),
@@ -283,6 +287,7 @@ class ServerLimits:
     max_message_mb: float = 32.0
     max_inflight_mb: Optional[float] = None
     header_timeout_s: float = 10.0
+    request_timeout_s: float = 60.0
     max_connections_per_client: int = 256
     max_local_connections: int = 0
     session_idle_timeout_s: float = 600.0

@@ -9,9 +9,16 @@ runs (``openenv serve --reload`` swaps in a restarted server): connections open 
 stay on the old server, new ones go to the new one.
 
 Behind the forwarder every client reaches the server from the same Unix socket, so the server
-cannot tell them apart: the forwarder applies the per-client connection cap itself
-(``max_per_client``, by default ``OPENENV_MAX_CONNECTIONS_PER_CLIENT``: 256) to each remote
-address; clients on this machine are not capped.
+cannot tell them apart: the forwarder applies the per-client connection caps itself, as a server
+does: ``max_per_client`` (by default ``OPENENV_MAX_CONNECTIONS_PER_CLIENT``: 256) to each remote
+address, ``max_local`` (``OPENENV_MAX_LOCAL_CONNECTIONS``: 0, none) to this machine's clients
+together.
+
+Every relayed connection holds two descriptors (the client's and the server's), so at start-up
+the forwarder raises its process's soft limit of open descriptors to the hard one (the usual soft
+limit, 1,024, would run out at about 500 connections) and holds at most
+``(soft limit - DESCRIPTORS_KEPT) / 2`` connections at once: one more is answered 503 and closed at
+once, and the connections it holds can always reach their server.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import resource
 import time
 from typing import Dict, Optional, Set, Tuple
 
@@ -27,6 +35,11 @@ from ...utils import is_loopback_ip, within
 logger = logging.getLogger(__name__)
 
 _CHUNK = 256 * 1024
+DESCRIPTORS_KEPT = 128
+"""Descriptors a forwarder leaves to the rest of its process (log files, pipes to the servers, its
+own queries to them); the others, two per connection, bound the connections it holds at once."""
+LOCAL = "local"
+"""The address this machine's clients share for the per-client caps (as in a server's)."""
 _UNAVAILABLE = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
     b'content-length: 62\r\n\r\n{"detail":"the environment server is not available right now."}'
@@ -34,12 +47,41 @@ _UNAVAILABLE = (
 
 
 def _too_many(address: str, cap: int) -> bytes:
+    if address == LOCAL:
+        allows = f"{cap} from this machine, OPENENV_MAX_LOCAL_CONNECTIONS"
+    else:
+        allows = f"{cap} per client address, OPENENV_MAX_CONNECTIONS_PER_CLIENT"
     body = (
-        f'{{"detail":"too many connections from {address} (the server allows {cap} per client address, '
-        f'OPENENV_MAX_CONNECTIONS_PER_CLIENT); close some and retry","code":"TOO_MANY_CONNECTIONS"}}'
+        f'{{"detail":"too many connections from {address} (the server allows {allows}); close some and retry",'
+        f'"code":"TOO_MANY_CONNECTIONS"}}'
     ).encode()
     head = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
     return head + b"content-length: %d\r\n\r\n" % len(body) + body
+
+
+def _full(limit: int) -> bytes:
+    body = (
+        f'{{"detail":"the server holds as many connections as its descriptors allow ({limit}; raise the hard '
+        f'limit of open files, ulimit -Hn, to hold more); retry shortly","code":"SERVER_BUSY"}}'
+    ).encode()
+    head = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
+    return head + b"content-length: %d\r\n\r\n" % len(body) + body
+
+
+def raise_descriptor_limit() -> int:
+    """Raise this process's soft limit of open descriptors (``RLIMIT_NOFILE``) to its hard limit,
+    and return the soft limit in force: what a front of many connections may use. The soft limit
+    exists for programs that pass descriptors to ``select()``, which takes none above 1,023; the
+    event loop uses ``epoll``."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+        except (ValueError, OSError) as exc:  # a kernel that caps it lower (nr_open): keep what we have
+            logger.warning("could not raise the limit of open files from %d to %d: %s", soft, wanted, exc)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
 def _strip_unix(target: str) -> str:
@@ -48,21 +90,36 @@ def _strip_unix(target: str) -> str:
 
 class TCPRelay:
     """What every TCP front of Unix-socket servers shares: the listener on ``host:port``, the
-    per-client connection cap, and cutting every relayed connection on :meth:`close`. A subclass
-    says what to do with each accepted connection (:meth:`relay`)."""
+    per-client connection caps, the cap on all connections its descriptors allow, and cutting
+    every relayed connection on :meth:`close`. A subclass says what to do with each accepted
+    connection (:meth:`relay`); it opens at most one connection to a server at a time for each.
+
+    ``max_per_client`` caps each remote address, ``max_local`` this machine's clients together (0:
+    no cap; None: ``OPENENV_MAX_CONNECTIONS_PER_CLIENT``, ``OPENENV_MAX_LOCAL_CONNECTIONS``);
+    ``cap_local`` counts each loopback address as a remote one (tests)."""
 
     def __init__(
-        self, host: str = "127.0.0.1", port: int = 8000, max_per_client: Optional[int] = None, cap_local: bool = False
+        self,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        max_per_client: Optional[int] = None,
+        cap_local: bool = False,
+        max_local: Optional[int] = None,
     ) -> None:
         self.host = host
         self.port = port
-        if max_per_client is None:
+        if max_per_client is None or max_local is None:
             from ...env_server.limits import ServerLimits
 
-            max_per_client = ServerLimits.from_env().max_connections_per_client
+            limits = ServerLimits.from_env()
+            max_per_client = limits.max_connections_per_client if max_per_client is None else max_per_client
+            max_local = limits.max_local_connections if max_local is None else max_local
         self.max_per_client = max_per_client
-        self.cap_local = cap_local  # count this machine's clients too (tests)
-        self.open: Dict[str, int] = {}  # remote address -> connections open
+        self.max_local = max_local
+        self.cap_local = cap_local
+        self.open: Dict[str, int] = {}  # client address (or LOCAL) -> connections open
+        self.connections = 0  # connections open, refused ones until they are closed too
+        self.max_connections: Optional[int] = None  # set by start(), from the descriptors allowed
         self._server: Optional[asyncio.AbstractServer] = None
         self._tasks: Set[asyncio.Task] = set()
 
@@ -74,7 +131,9 @@ class TCPRelay:
         return self._server.sockets[0].getsockname()[:2]
 
     async def start(self) -> Tuple[str, int]:
-        """Bind and start accepting; ``OSError`` (e.g. the port is taken) propagates."""
+        """Bind and start accepting; ``OSError`` (e.g. the port is taken) propagates. Raises the
+        process's soft limit of open descriptors first (:func:`raise_descriptor_limit`)."""
+        self.max_connections = max(1, (raise_descriptor_limit() - DESCRIPTORS_KEPT) // 2)
         self._server = await asyncio.start_server(self._accept, self.host, self.port, limit=_CHUNK, backlog=4096)
         return self.address
 
@@ -98,34 +157,44 @@ class TCPRelay:
     async def _accept(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        peer = client_writer.get_extra_info("peername")
-        address = str(peer[0]) if isinstance(peer, tuple) and peer else ""
-        if not self.cap_local and (is_loopback_ip(address) or not address):
-            address = ""  # this machine: not capped
-        elif self.max_per_client and self.open.get(address, 0) >= self.max_per_client:
-            with contextlib.suppress(OSError):
-                client_writer.write(_too_many(address, self.max_per_client))
-                await client_writer.drain()
-                client_writer.write_eof()
-                await linger(client_reader)
-            client_writer.close()
-            return
-        if address:
-            self.open[address] = self.open.get(address, 0) + 1
-        self._tasks.add(task)
+        self.connections += 1
         try:
-            await self.relay(client_reader, client_writer)
-        except (ConnectionError, OSError, asyncio.CancelledError):
-            pass  # either side went away, or close() cut it: the connection's task ends here
-        finally:
-            client_writer.close()
-            self._tasks.discard(task)
-            if address:
+            if self.max_connections is not None and self.connections > self.max_connections:
+                # Closed at once, unread: a lingering refusal would hold the descriptor it protects.
+                with contextlib.suppress(OSError):
+                    client_writer.write(_full(self.max_connections))
+                client_writer.close()
+                return
+            peer = client_writer.get_extra_info("peername")
+            address = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+            if not self.cap_local and (is_loopback_ip(address) or not address):
+                address, cap = LOCAL, self.max_local
+            else:
+                cap = self.max_per_client
+            if cap and self.open.get(address, 0) >= cap:
+                with contextlib.suppress(OSError):
+                    client_writer.write(_too_many(address, cap))
+                    await client_writer.drain()
+                    client_writer.write_eof()
+                    await linger(client_reader)
+                client_writer.close()
+                return
+            self.open[address] = self.open.get(address, 0) + 1
+            self._tasks.add(task)
+            try:
+                await self.relay(client_reader, client_writer)
+            except (ConnectionError, OSError, asyncio.CancelledError):
+                pass  # either side went away, or close() cut it: the connection's task ends here
+            finally:
+                client_writer.close()
+                self._tasks.discard(task)
                 left = self.open.get(address, 0) - 1
                 if left > 0:
                     self.open[address] = left
                 else:
                     self.open.pop(address, None)
+        finally:
+            self.connections -= 1
 
 
 class UnixForwarder(TCPRelay):
@@ -138,8 +207,9 @@ class UnixForwarder(TCPRelay):
         port: int = 8000,
         max_per_client: Optional[int] = None,
         cap_local: bool = False,
+        max_local: Optional[int] = None,
     ) -> None:
-        super().__init__(host, port, max_per_client, cap_local)
+        super().__init__(host, port, max_per_client, cap_local, max_local)
         self.target = _strip_unix(target)
 
     def retarget(self, target: str) -> None:

@@ -18,6 +18,7 @@ import threading
 from typing import Any, Dict, List, Optional
 
 from ...env_server.settings import ServerLimits
+from ...utils import is_local_host
 from .front import Front, Worker
 from .sandbox import SandboxProvider
 
@@ -30,7 +31,9 @@ class SandboxPool:
     """Serve ``project_path`` from ``workers`` sandboxed processes at ``http://host:port``.
 
     ``port=0`` picks a free port. ``env_vars`` reach every worker (``OPENENV_AUTH_TOKEN`` among
-    them makes the front send it with its own queries); the other keywords are those of
+    them makes the front send it with its own queries). A ``host`` other than this machine's
+    (``0.0.0.0``) sets ``OPENENV_ERROR_DETAILS=0`` unless ``env_vars`` set it, as ``openenv serve``
+    does: error answers then carry no exception text for anyone. The other keywords are those of
     :class:`~.sandbox.SandboxProvider`. ``start()`` returns the URL once every worker is ready;
     ``stop()`` ends them all. Use it as a context manager to do both.
     """
@@ -54,6 +57,10 @@ class SandboxPool:
         self.project_path = project_path
         self.host, self.port = host, port
         self.env_vars = dict(env_vars or {})
+        if not is_local_host(host):
+            # Reachable from elsewhere: no exception text in error answers, for any client (the
+            # front names each client to the workers too, but a proxy before it may not).
+            self.env_vars.setdefault("OPENENV_ERROR_DETAILS", "0")
         self.check_interval_s = check_interval_s
         self.start_timeout_s = start_timeout_s
         self.prefixes = [f"w{i}" for i in range(workers)]
