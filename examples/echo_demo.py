@@ -42,7 +42,7 @@ def main() -> int:
         [
             sys.executable,
             "-m",
-            "uvicorn",
+            "openenv.core.env_server",
             "echo_env.server.app:app",
             "--host",
             "127.0.0.1",

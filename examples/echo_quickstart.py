@@ -1,6 +1,6 @@
 """The echo environment's quick-start (README.md), async then sync.
 
-Needs an echo server: ``.venv/bin/python -m uvicorn echo_env.server.app:app --port 8000``, or
+Needs an echo server: ``.venv/bin/python -m openenv.core.env_server echo_env.server.app:app --port 8000``, or
 run ``make demo``, which starts one and runs this. ``OPENENV_URL`` overrides the URL.
 """
 

@@ -517,7 +517,7 @@ def test_template_has_the_container_contract() -> None:
     health = dockerfile_template().split("HEALTHCHECK", 1)[1].split("\n\n", 1)[0]
     assert "/health" in health and "urllib" in health and "curl" not in health
     (cmd,) = [line for line in dockerfile_template().splitlines() if line.startswith("CMD ")]  # not HEALTHCHECK's
-    assert "uvicorn" in cmd and "--host 0.0.0.0 --port 8000" in cmd
+    assert "python -m openenv.core.env_server" in cmd and "--host 0.0.0.0 --port 8000" in cmd
 
 
 def test_template_serves_the_app_named_in_openenv_yaml(tmp_path: Path) -> None:
@@ -559,7 +559,7 @@ def test_template_command_serves_the_environment(tmp_path: Path) -> None:
     port = _closed_port()
     script = (
         argv[2]
-        .replace("python", shlex.quote(sys.executable), 1)
+        .replace("python ", shlex.quote(sys.executable) + " ")
         .replace("/app/openenv-app", str(tmp_path / "app"))
         .replace("--host 0.0.0.0 --port 8000", f"--host 127.0.0.1 --port {port}")
     )
@@ -575,6 +575,9 @@ def test_template_command_serves_the_environment(tmp_path: Path) -> None:
             except OSError:
                 assert server.poll() is None and time.monotonic() < deadline, server.stderr.read().decode()[-2000:]
                 time.sleep(0.1)
+        # where OpenEnv is installed, its runner serves (sh exec'd it: the same process)
+        command_line = Path(f"/proc/{server.pid}/cmdline").read_bytes().split(b"\0")
+        assert command_line[1:3] == [b"-m", b"openenv.core.env_server"], command_line
     finally:
         server.terminate()
         server.wait(10)

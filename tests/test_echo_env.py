@@ -1,4 +1,4 @@
-"""The echo environment package: the quick-start, run verbatim against `uvicorn echo_env.server.app:app`."""
+"""The echo environment package: the quick-start, run verbatim against the README's server command."""
 
 from __future__ import annotations
 
@@ -20,11 +20,20 @@ from echo_demo import free_port, wait_healthy  # noqa: E402
 
 @pytest.fixture(scope="module")
 def echo_url():
-    """The echo server started exactly as a user would: `python -m uvicorn echo_env.server.app:app`."""
+    """The echo server started as the README says: `python -m openenv.core.env_server echo_env.server.app:app`."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "echo_env.server.app:app", "--port", str(port), "--log-level", "warning"],
+        [
+            sys.executable,
+            "-m",
+            "openenv.core.env_server",
+            "echo_env.server.app:app",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
         cwd="/",
     )
     try:

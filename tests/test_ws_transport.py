@@ -173,4 +173,5 @@ def test_a_uvicorn_release_ci_does_not_test_keeps_its_own_default(monkeypatch):
 
     monkeypatch.setattr(uvicorn, "__version__", "1.2.0")  # a future release, not yet tested
     assert not ws_protocol.tested()
-    assert uvicorn_config(object()).ws == "auto"
+    config = uvicorn_config(object())
+    assert config.ws == "auto" and not issubclass(config.ws_protocol_class, ws_protocol.OpenEnvWebSocketProtocol)

@@ -32,7 +32,7 @@ from .exceptions import EnvironmentCallError, EnvironmentResultError
 from .interfaces import Environment
 from .limits import InFlightBudget
 from .mcp_endpoint import MCPDispatcher
-from .middleware import BearerAuth, BodyLimits, ErrorDetailsScope, SameOrigin, http_error
+from .middleware import BearerAuth, BodyLimits, ErrorDetailsScope, SameOrigin, TransportLimits, http_error
 from .serialization import deserialize_action, serialize_observation, to_json_bytes, to_jsonable
 from .sessions import Session, SessionManager
 from .settings import ServerOptions, ServerSettings, check_argument, tuned_gc
@@ -328,6 +328,7 @@ class HTTPEnvServer:
             app.add_middleware(BearerAuth, token=self.auth_token, open_paths=open_paths)
         app.add_middleware(SameOrigin, allowed=self.settings.allowed_origins, hosts=self.settings.allowed_hosts)
         app.add_middleware(ErrorDetailsScope, choice=self.settings.error_details)
+        app.add_middleware(TransportLimits, limits=self.settings.limits, budget=self.budget)
 
     def _install_lifespan(self, app: FastAPI) -> None:
         previous = app.router.lifespan_context

@@ -1,6 +1,7 @@
 """The edges around the server's core: small ASGI middlewares that ``create_app`` composes.
 
-From the outside in (see :meth:`.http_server.HTTPEnvServer.register_routes`): :class:`ErrorDetailsScope`
+From the outside in (see :meth:`.http_server.HTTPEnvServer.register_routes`): :class:`TransportLimits`
+(the runner's limits on a server started otherwise), :class:`ErrorDetailsScope`
 (:mod:`.error_details`), :class:`SameOrigin` (other sites' pages), :class:`BearerAuth` (:mod:`.auth`), :class:`.ws_endpoint.WSRoute` (which
 serves ``/ws`` itself) and :class:`BodyLimits`, which bounds HTTP request bodies before any route
 reads them. Each answers what it refuses by the error table of :mod:`.exceptions` (JSON-RPC errors on
@@ -64,6 +65,34 @@ class ErrorDetailsScope:
             await self.app(scope, receive, send)
         finally:
             shown_errors.leave(token)
+
+
+class TransportLimits:
+    """Puts the server's limits on its transport when the app was not served through OpenEnv's
+    runner: at the start of its lifespan, :func:`._compat.uvicorn.adopt` sets up the uvicorn that
+    serves it (its command line, ``uvicorn.run``, a gunicorn worker) as the runner would, or warns
+    naming what is missing and the command that has it. With the lifespan off, the first request
+    that arrives on a connection without OpenEnv's guard gets the warning instead. The outermost
+    middleware; after its first message, a flag's test per request."""
+
+    def __init__(self, app: Any, limits: Any, budget: Optional[InFlightBudget]) -> None:
+        self.app = app
+        self.limits = limits
+        self.budget = budget
+        self.checked = False
+
+    async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
+        if not self.checked:
+            self.checked = True
+            if scope["type"] == "lifespan":
+                uvicorn_compat.adopt(self.limits, self.budget)
+            elif (
+                (self.limits.header_timeout_s or self.limits.max_connections_per_client)
+                and not uvicorn_compat.guarded_connection()
+                and uvicorn_compat.serving()[0] == "uvicorn"
+            ):
+                uvicorn_compat.warn_unguarded("uvicorn (its lifespan off)")
+        await self.app(scope, receive, send)
 
 
 class SameOrigin:

@@ -43,60 +43,20 @@ def uvicorn_config(
     log_level: str = "warning",
     **overrides: Any,
 ) -> Any:
-    """A ``uvicorn.Config`` with OpenEnv's defaults (one worker, uvloop when installed, the
-    WebSocket protocol of :mod:`._compat.uvicorn`) and the app's limits (see the module docstring).
-    Its ``openenv_connections`` is the :class:`~._compat.uvicorn.ConnectionTable` of the guarded
-    connections (None when they are not guarded)."""
+    """A loaded ``uvicorn.Config`` with OpenEnv's defaults (one worker, uvloop when installed) and
+    the app's limits put on it (:func:`._compat.uvicorn.protect`; ``overrides`` of ``ws``,
+    ``ws_max_size`` and the ping options are kept as given). Its ``openenv_connections`` is the
+    :class:`~._compat.uvicorn.ConnectionTable` of the guarded connections (None when they are not
+    guarded)."""
     import uvicorn
 
     settings, budget = _served(app)
-    limits = settings.limits
-    options: dict = dict(
-        host=host,
-        port=port,
-        uds=uds,
-        log_level=log_level,
-        ws_max_size=limits.max_message_bytes,
-        ws_ping_interval=limits.ws_ping_interval_s or None,
-        ws_ping_timeout=limits.ws_ping_timeout_s or None,
-        lifespan="on",
-        timeout_graceful_shutdown=5,
-    )
-    if uvicorn_compat.tested():
-        options["ws"] = uvicorn_compat.OpenEnvWebSocketProtocol.bound(limits, budget)
-    else:
-        _say_once(
-            "serving WebSockets with uvicorn's own protocol (OPENENV_LIBRARY_INTERNALS=0, or an untested "
-            "uvicorn/websockets release): an oversize frame closes the connection (1009), and the budget of "
-            "bytes in flight and the bound on unread bytes do not apply to WebSocket frames"
-        )
+    options: dict = dict(host=host, port=port, uds=uds, log_level=log_level, lifespan="on", timeout_graceful_shutdown=5)
     options.update(overrides)
-    table = None
-    if (
-        uvicorn_compat.guard_tested()
-        and not options.get("reset_contextvars")
-        and not options.get("http2")
-        and not isinstance(app, str)
-        and (limits.header_timeout_s or limits.max_connections_per_client or limits.max_local_connections)
-    ):
-        table = uvicorn_compat.ConnectionTable(
-            limits.max_connections_per_client, limits.header_timeout_s, limits.max_local_connections
-        )
-        http = options.get("http", "auto")
-        if isinstance(http, str):
-            from uvicorn.config import HTTP_PROTOCOLS
-            from uvicorn.importer import import_from_string
-
-            http = import_from_string(HTTP_PROTOCOLS.get(http, http))
-        options["http"] = uvicorn_compat.guard_http(http, table)
-        app = uvicorn_compat.GuardedApp(app)
-    if table is None and (limits.header_timeout_s or limits.max_connections_per_client):
-        _say_once(
-            "serving without the connection guard (OPENENV_LIBRARY_INTERNALS=0, an untested uvicorn, or "
-            "uvicorn options it cannot work with): no header timeout, no per-client connection cap"
-        )
     config = uvicorn.Config(app, **options)
-    config.openenv_connections = table  # type: ignore[attr-defined]
+    config.load()
+    for missing in uvicorn_compat.protect(config, settings.limits, budget, keep=overrides):
+        _say_once(f"serving without {missing}")
     return config
 
 
@@ -133,6 +93,41 @@ def serve_main(app: Any, description: str, argv: Optional[Sequence[str]] = None)
     """The command line of an environment's ``server/app.py`` ``main()``: ``--host``, ``--port``,
     ``--uds`` and ``--log-level``, then :func:`run_server`. It serves on http://127.0.0.1:8000
     unless told otherwise."""
+    parser = _parser(description)
+    args = _parsed(parser, argv)
+    run_server(app, host=args.host, port=args.port, uds=args.uds, log_level=args.log_level)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """``python -m openenv.core.env_server MODULE:APP [--host H] [--port P] [--uds PATH]
+    [--log-level L]``: serve the ASGI app ``APP`` of ``MODULE`` (imported from the current
+    directory, as ``uvicorn MODULE:APP`` does) with every limit of :mod:`.settings` on its transport.
+    What the catalogue's Dockerfiles run."""
+    import importlib
+    import sys
+
+    parser = _parser("Serve an environment's ASGI app (such as server.app:app) with OpenEnv's limits.")
+    parser.add_argument("app", metavar="MODULE:APP", help="the app to serve, as uvicorn names it (server.app:app)")
+    args = _parsed(parser, argv)
+    module_name, _, attribute = args.app.partition(":")
+    if not module_name or not attribute:
+        parser.error(f"name the app as MODULE:APP (such as server.app:app), not {args.app!r}")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        app: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not module_name.startswith(exc.name):
+            raise  # the module itself imports something that is missing: its own traceback says what
+        parser.error(f"no module {module_name!r} here ({os.getcwd()}): run this from the environment's directory")
+    for part in attribute.split("."):
+        app = getattr(app, part, None)
+        if app is None:
+            parser.error(f"module {module_name!r} has no {attribute!r}")
+    run_server(app, host=args.host, port=args.port, uds=args.uds, log_level=args.log_level)
+
+
+def _parser(description: str) -> Any:
     import argparse
 
     parser = argparse.ArgumentParser(description=description)
@@ -145,10 +140,14 @@ def serve_main(app: Any, description: str, argv: Optional[Sequence[str]] = None)
         choices=("critical", "error", "warning", "info", "debug", "trace"),
         help="uvicorn's log level (default info)",
     )
+    return parser
+
+
+def _parsed(parser: Any, argv: Optional[Sequence[str]]) -> Any:
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be between 0 and 65535, not {args.port}")
-    run_server(app, host=args.host, port=args.port, uds=args.uds, log_level=args.log_level)
+    return args
 
 
 class BackgroundServer:

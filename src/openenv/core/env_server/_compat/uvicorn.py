@@ -62,6 +62,7 @@ import contextvars
 import json
 import logging
 import re
+import sys
 import time
 from typing import Any, Callable, Counter, Dict, Optional, Tuple
 
@@ -530,3 +531,120 @@ class GuardedApp:
             await self.app(scope, receive, send)
         finally:
             guard.end()
+
+
+# --- putting the limits on a uvicorn server, however it was started ------------------------------
+
+RUNNER_COMMAND = "python -m openenv.core.env_server server.app:app --host 0.0.0.0 --port 8000"
+"""The command that serves an app with every limit (in words for warnings)."""
+
+_KEPT_OPTIONS = ("ws", "ws_max_size", "ws_ping_interval", "ws_ping_timeout")
+
+
+def protect(config: Any, limits: ServerLimits, budget: Optional[InFlightBudget], keep: Any = ()) -> list:
+    """Put ``limits`` on a loaded ``uvicorn.Config`` before its server listens: its frame limit
+    (``ws_max_size``) is the message limit, its pings are the limits' own, WebSockets are served by
+    :class:`OpenEnvWebSocketProtocol` (where :func:`tested`) and every connection is guarded
+    (:func:`guard_http`, :class:`GuardedApp`; where :func:`guard_tested` and the limits ask for it).
+    Options named in ``keep`` (a caller's own choice of ``ws``, ``ws_max_size``, ...) stay as they
+    are. Sets ``config.openenv_connections`` (the :class:`ConnectionTable`, None when connections are
+    not guarded), which also marks the config as done. Returns what could not be put on, in words
+    (empty: everything)."""
+    missing = []
+    if config.ws_protocol_class is not None:  # None: WebSockets off (ws="none", or a WSGI app)
+        if "ws_max_size" not in keep:
+            config.ws_max_size = limits.max_message_bytes
+        if "ws_ping_interval" not in keep:
+            config.ws_ping_interval = limits.ws_ping_interval_s or None
+        if "ws_ping_timeout" not in keep:
+            config.ws_ping_timeout = limits.ws_ping_timeout_s or None
+        if "ws" not in keep:
+            if tested():
+                config.ws_protocol_class = OpenEnvWebSocketProtocol.bound(limits, budget)
+            else:
+                missing.append(
+                    "OpenEnv's WebSocket protocol (OPENENV_LIBRARY_INTERNALS=0, or an untested uvicorn/websockets "
+                    "release): an oversize frame closes the connection (1009), and the budget of bytes in flight and "
+                    "the bound on unread bytes do not apply to WebSocket frames"
+                )
+    table = None
+    wanted = limits.header_timeout_s or limits.max_connections_per_client or limits.max_local_connections
+    if wanted:
+        if guard_tested() and not getattr(config, "reset_contextvars", False) and not getattr(config, "http2", False):
+            table = ConnectionTable(
+                limits.max_connections_per_client, limits.header_timeout_s, limits.max_local_connections
+            )
+            config.http_protocol_class = guard_http(config.http_protocol_class, table)
+            config.loaded_app = GuardedApp(config.loaded_app)
+        else:
+            missing.append(
+                "the connection guard (OPENENV_LIBRARY_INTERNALS=0, an untested uvicorn, or uvicorn options it "
+                "cannot work with): no header timeout, no per-client connection cap"
+            )
+    config.openenv_connections = table
+    return missing
+
+
+_SERVERS = ("uvicorn", "hypercorn", "granian", "daphne")
+"""ASGI servers recognised; OpenEnv puts its transport limits on uvicorn only (it knows its internals)."""
+
+
+def serving() -> Tuple[Optional[str], Any]:
+    """The ASGI server running the caller (the package's name, or None for another caller, a test
+    client say) and, for uvicorn, its ``Config``: read off the call stack, once per app at the start
+    of its lifespan (or of its first request), where the server's own object (uvicorn's
+    ``LifespanOn``, a protocol's request cycle) is a caller. Frameworks between the server and the
+    app may wrap ``receive`` and ``send`` (FastAPI does, for telemetry), so those cannot say it."""
+    found = None
+    frame = sys._getframe(1)
+    for _ in range(64):
+        frame = frame.f_back  # type: ignore[assignment]
+        if frame is None:
+            break
+        owner = frame.f_locals.get("self")
+        name = type(owner).__module__.split(".")[0] if owner is not None else None
+        if name in _SERVERS:
+            found = name
+            config = getattr(owner, "config", None)  # uvicorn's middlewares have none; its lifespan has
+            if config is not None or name != "uvicorn":
+                return name, config
+    return found, None
+
+
+def adopt(limits: ServerLimits, budget: Optional[InFlightBudget]) -> None:
+    """At the start of an app's lifespan: when uvicorn serves it but OpenEnv's runner did not set
+    it up (uvicorn's command line, ``uvicorn.run``, a gunicorn worker), :func:`protect` its config,
+    which its server reads for each connection it accepts once the lifespan has started; when that
+    cannot be done, or another server serves the app, a warning naming what is missing and the
+    command that has it. Anything else (a test client) is left alone."""
+    server, config = serving()
+    if server == "uvicorn" and config is not None and getattr(config, "loaded", False):
+        if hasattr(config, "openenv_connections"):  # set up by OpenEnv's runner
+            return
+        missing = protect(config, limits, budget)
+        if missing:
+            logger.warning(
+                "uvicorn serves this app without %s. Serve it with `%s` (or `openenv serve`)",
+                "; without ".join(missing),
+                RUNNER_COMMAND,
+            )
+        else:
+            logger.info("uvicorn started without OpenEnv's runner: OpenEnv's limits are put on its connections")
+    elif server is not None:
+        warn_unguarded(server)
+
+
+def warn_unguarded(server: str) -> None:
+    """The warning for a server OpenEnv could not put its transport limits on."""
+    logger.warning(
+        "%s serves this app without OpenEnv's transport limits: no header timeout, no per-client connection "
+        "cap, WebSocket frames buffered up to the server's own limit before the app's message limit applies. "
+        "Serve it with `%s` (or `openenv serve`), which has them",
+        server,
+        RUNNER_COMMAND,
+    )
+
+
+def guarded_connection() -> bool:
+    """Whether the request being served arrived on a connection :func:`guard_http` guards."""
+    return _CURRENT.get() is not None
