@@ -40,6 +40,8 @@ TESTS=(
     tests/security/test_hostile_clients.py
     tests/test_resume.py
     tests/test_mcp_context.py
+    tests/test_session_reach.py
+    tests/security/test_served_any_way.py
 )
 
 # Nothing from the caller's shell may switch a fast path off or change what is imported.

@@ -221,6 +221,20 @@ def server_of(app: Any) -> Any:
     return app.state.openenv_server
 
 
+def sessions_made(manager: Any, monkeypatch: Any) -> List[str]:
+    """The ids of the sessions ``manager`` makes from now on (a list that grows)."""
+    made: List[str] = []
+    create = manager.create
+
+    async def counted_create(*args: Any, **kwargs: Any) -> Any:
+        session = await create(*args, **kwargs)
+        made.append(session.id)
+        return session
+
+    monkeypatch.setattr(manager, "create", counted_create)
+    return made
+
+
 # --- playing in the browser ------------------------------------------------------------------------
 
 
@@ -408,15 +422,7 @@ def test_another_sites_page_cannot_drive_a_server_without_a_token(
         monkeypatch.setenv("OPENENV_ALLOWED_ORIGINS", "*")
     app = guess_app(web=False)
     manager = server_of(app).manager
-    made: List[str] = []
-    create = manager.create
-
-    async def counted_create(*args: Any, **kwargs: Any) -> Any:
-        session = await create(*args, **kwargs)
-        made.append(session.id)
-        return session
-
-    monkeypatch.setattr(manager, "create", counted_create)
+    made = sessions_made(manager, monkeypatch)
     with serve(app) as server:
         target = server.base_url
         script = f"""
@@ -525,15 +531,7 @@ def test_a_page_whose_name_rebinds_to_this_machine_cannot_drive_the_server(
         monkeypatch.setenv("OPENENV_ALLOWED_HOSTS", "*")
     app = guess_app()
     manager = server_of(app).manager
-    made: List[str] = []
-    create = manager.create
-
-    async def counted_create(*args: Any, **kwargs: Any) -> Any:
-        session = await create(*args, **kwargs)
-        made.append(session.id)
-        return session
-
-    monkeypatch.setattr(manager, "create", counted_create)
+    made = sessions_made(manager, monkeypatch)
     script = """
         const report = (key, value) => { document.body.dataset[key] = value; };
         const json = {"content-type": "application/json"};

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import resource
 import time
@@ -51,19 +52,23 @@ def _too_many(address: str, cap: int) -> bytes:
         allows = f"{cap} from this machine, OPENENV_MAX_LOCAL_CONNECTIONS"
     else:
         allows = f"{cap} per client address, OPENENV_MAX_CONNECTIONS_PER_CLIENT"
-    body = (
-        f'{{"detail":"too many connections from {address} (the server allows {allows}); close some and retry",'
-        f'"code":"TOO_MANY_CONNECTIONS"}}'
-    ).encode()
-    head = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
-    return head + b"content-length: %d\r\n\r\n" % len(body) + body
+    return _unavailable(
+        f"too many connections from {address} (the server allows {allows}); close some and retry",
+        "TOO_MANY_CONNECTIONS",
+    )
 
 
 def _full(limit: int) -> bytes:
-    body = (
-        f'{{"detail":"the server holds as many connections as its descriptors allow ({limit}; raise the hard '
-        f'limit of open files, ulimit -Hn, to hold more); retry shortly","code":"SERVER_BUSY"}}'
-    ).encode()
+    return _unavailable(
+        f"the server holds as many connections as its descriptors allow ({limit}; raise the hard limit of "
+        "open files, ulimit -Hn, to hold more); retry shortly",
+        "SERVER_BUSY",
+    )
+
+
+def _unavailable(detail: str, code: str) -> bytes:
+    """A whole HTTP 503 answer, ``{"detail", "code"}``, after which the connection is closed."""
+    body = json.dumps({"detail": detail, "code": code}, separators=(",", ":")).encode()
     head = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
     return head + b"content-length: %d\r\n\r\n" % len(body) + body
 
