@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 # print an informational 10-line "Editable installation." box. Only that message is silenced.
 PIP := PYTHONWARNINGS="ignore:Editable installation.:UserWarning" $(PY) -m pip
 # Three installs, each on first use: the demo's (the core and the echo environment: light, no
-# torch), the tests' (dev tools and every environment package) and the training examples' (torch).
+# torch), the tests' (dev tools and every environment package) and the training examples' (torch
+# and the environments they train on: examples/grpo_blackjack imports openspiel_env).
 DEMO_STAMP := $(VENV)/.demo-installed
 STAMP := $(VENV)/.installed
 TRAIN_STAMP := $(VENV)/.train-installed
@@ -27,9 +28,9 @@ $(DEMO_STAMP): pyproject.toml envs/echo_env/pyproject.toml
 	$(PIP) install --quiet -e ".[core]" -e envs/echo_env
 	touch $@
 
-$(TRAIN_STAMP): $(DEMO_STAMP)
+$(TRAIN_STAMP): $(DEMO_STAMP) envs/openspiel_env/pyproject.toml
 	$(PIP) install --quiet $(TORCH)
-	$(PIP) install --quiet -e ".[core,train]"
+	$(PIP) install --quiet -e ".[core,train]" -e envs/openspiel_env
 	touch $@
 
 $(STAMP): $(TRAIN_STAMP) $(addsuffix /pyproject.toml,$(ENVS))

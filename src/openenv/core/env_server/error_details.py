@@ -10,8 +10,9 @@ paths, hostnames, pieces of configuration. Here the answer depends on who asked:
   That is a loopback peer, no peer at all (a Unix socket, where uvicorn names none) or
   Starlette's in-process ``TestClient``, and every address a proxy says it forwards for
   (``X-Forwarded-For``, ``Forwarded``, ``X-Real-IP``) loopback too;
-* any other client gets the exception's type and an incident id. The text and the traceback
-  are in the server's log, under that id, for every client.
+* any other client gets the exception's type and an incident id. The text (and, for what is not
+  a client's mistake, the traceback: see :func:`describe`) is in the server's log, under that id,
+  for every client.
 
 ``$OPENENV_ERROR_DETAILS`` (``1``/``0``, or ``auto`` for the rule above) or, when it is not set,
 ``create_app(..., error_details=True|False)`` fixes the choice for every client (see :mod:`.settings`). A reverse proxy
@@ -29,6 +30,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import secrets
+import traceback
 from typing import Any, Dict, Iterator, Optional
 
 from ..utils import is_loopback_ip  # a name ("unknown", an obfuscated one) is not known to be here
@@ -90,17 +92,46 @@ def exception_name(exc: BaseException) -> str:
 
 
 def describe(exc: BaseException, log: logging.Logger, what: str) -> str:
-    """Log ``exc`` (with its traceback and an incident id) as ``what``, and return the text the
-    current client is to be sent: the exception's own text, or its type and the incident id.
-    OpenEnv's own exceptions (capacity, sessions, timeouts, a result of the wrong kind: one of
-    :mod:`.exceptions`' classes itself, not an environment's subclass) say nothing of the
-    environment's internals: they are sent as they are and logged without a traceback."""
+    """Log ``exc`` as ``what`` under an incident id, and return the text the current client is to
+    be sent: the exception's own text, or its type and the incident id.
+
+    How it is logged depends on whose mistake it is. OpenEnv's own exceptions (capacity, sessions,
+    timeouts, a result of the wrong kind: one of :mod:`.exceptions`' classes itself, not an
+    environment's subclass) say nothing of the environment's internals: they are sent as they are
+    and logged in one line. A ``ValueError`` the environment raised is the client's mistake (a value
+    it sent: an unknown game id, an action outside the action space, an illegal move; the catalogue
+    and Python itself use it so): one warning line with the text and where it was raised, the
+    traceback too only while the logger is enabled for DEBUG. Anything else is a bug of the
+    environment (or of the server): an error with its traceback."""
     if isinstance(exc, OpenEnvError) and type(exc).__module__ == OpenEnvError.__module__:
         log.warning("%s: %s", what, exc)
         return str(exc)
     name = exception_name(exc)
     incident = secrets.token_hex(4)
-    log.error("%s (incident %s)", what, incident, exc_info=exc)
+    if isinstance(exc, ValueError):
+        # The server is fine and the client is told why: a traceback per bad call would bury the
+        # server's real problems.
+        text = " ".join(str(exc).split())  # one line, whatever the message holds
+        log.warning(
+            "%s (incident %s): %s: %s (raised at %s; the client's mistake: no traceback)",
+            what,
+            incident,
+            name,
+            text,
+            _raised_at(exc),
+            exc_info=exc if log.isEnabledFor(logging.DEBUG) else None,
+        )
+    else:
+        log.error("%s (incident %s)", what, incident, exc_info=exc)
     if _shown.get():
         return str(exc) or name
     return f"{name} raised in the environment; details are in the server's log (incident {incident})"
+
+
+def _raised_at(exc: BaseException) -> str:
+    """``file:line in function`` of the frame that raised ``exc`` (to find it without a traceback)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "an unknown place"
+    frame = frames[-1]
+    return f"{frame.filename}:{frame.lineno} in {frame.name}"
