@@ -131,9 +131,10 @@ def shots(tmp_path: Path) -> Path:
     return where
 
 
-@pytest.fixture
-def browser() -> Iterator[Callable[[], Any]]:
-    """Opens headless Chromium windows (each its own profile: a visitor); closes them after."""
+@contextlib.contextmanager
+def chromium_windows() -> Iterator[Callable[..., Any]]:
+    """Opens headless Chromium windows (each its own profile: a visitor); closes them after.
+    Skips the test, saying why, where there is no browser."""
     missing = _browser_missing()
     if missing:
         pytest.skip(f"no browser for the web playground tests: {missing}")
@@ -153,10 +154,19 @@ def browser() -> Iterator[Callable[[], Any]]:
         opened.append(driver)
         return driver
 
-    yield open_window
-    for driver in opened:
-        with contextlib.suppress(Exception):
-            driver.quit()
+    try:
+        yield open_window
+    finally:
+        for driver in opened:
+            with contextlib.suppress(Exception):
+                driver.quit()
+
+
+@pytest.fixture
+def browser() -> Iterator[Callable[..., Any]]:
+    """Headless Chromium windows for a test (:func:`chromium_windows`)."""
+    with chromium_windows() as open_window:
+        yield open_window
 
 
 def wait_for(driver: Any, condition: Callable[[Any], Any], timeout: float = 15.0) -> Any:
@@ -620,6 +630,30 @@ def test_chess_by_clicking_legal_moves(browser: Any, shots: Path) -> None:
         assert console_errors(driver) == []
 
 
+def test_the_python_box_shows_the_move_a_button_sent(browser: Any) -> None:
+    """Papercut 11: after a move made by clicking (web_actions), "the same call in Python" is that
+    move, not the empty action form's ``{"move": ""}``; editing the form shows what Step would send."""
+    from chess_env.models import ChessAction, ChessObservation, ChessState
+    from chess_env.server.chess_environment import ChessEnvironment
+
+    app = create_app(
+        ChessEnvironment, ChessAction, ChessObservation, env_name="chess_env", state_cls=ChessState, web=True
+    )
+    with serve(app) as server:
+        driver = browser()
+        load(driver, server.base_url + "/web/")
+        reset(driver, seed=3)
+        assert "env.step(" not in by_id(driver, "snippet").text  # nothing sent yet
+        {b.text: b for b in by_css(driver, "#web-actions button")}["e4"].click()
+        wait_for(driver, lambda d: len(by_css(d, "#log tbody tr")) == 2)
+        snippet = by_id(driver, "snippet").text
+        assert 'env.step({"move": "e2e4"})' in snippet and '"move": ""' not in snippet
+        fill(driver, "move", "d7d5")  # the form edited: the snippet previews it
+        wait_for(driver, lambda d: 'env.step({"move": "d7d5"})' in by_id(d, "snippet").text)
+        reset(driver, seed=4)
+        assert "env.step(" not in by_id(driver, "snippet").text
+
+
 def test_connect4_by_clicking_columns(browser: Any) -> None:
     from connect4_env.models import Connect4Action, Connect4Observation, Connect4State
     from connect4_env.server.connect4_environment import Connect4Environment
@@ -745,12 +779,14 @@ def test_enable_web_interface_turns_it_on_and_off(monkeypatch: pytest.MonkeyPatc
 
 
 def test_upstream_names_build_the_app_with_the_page() -> None:
-    from openenv.core.env_server import WebInterfaceManager, create_web_interface_app
+    from openenv.core.env_server import WebInterfaceManager, create_web_interface_app, web_interface
 
     app = create_web_interface_app(GuessEnv, GuessAction, GuessObservation, env_name="guess")
     with serve(app) as server:
         assert httpx.get(server.base_url + "/web/").status_code == 200
-    assert WebInterfaceManager.__module__ == "openenv.core.env_server.web"
+    # the package map's names are web_interface's (upstream's WebInterfaceManager, not the page's routes)
+    assert WebInterfaceManager is web_interface.WebInterfaceManager
+    assert create_web_interface_app is web_interface.create_web_interface_app
 
 
 def test_the_page_weighs_under_200_kb_and_is_package_data() -> None:

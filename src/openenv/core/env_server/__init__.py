@@ -89,7 +89,7 @@ _EXPORTS.update(
         "GetEndpointConfig": ".route_config",
         "MCPEnvironment": ".mcp_environment",
         "create_web_interface_app": ".http_server",
-        "WebInterfaceManager": ".web",
+        "WebInterfaceManager": ".web_interface",
     }
 )
 

@@ -316,9 +316,9 @@ class HTTPEnvServer:
         self._register_task_routes(app)
         open_paths = auth.OPEN_PATHS
         if self.settings.web:
-            from .web import PAGE_PATHS, WebInterfaceManager
+            from .web import PAGE_PATHS, Playground
 
-            WebInterfaceManager(self).register(app)
+            Playground(self).register(app)
             open_paths = open_paths | PAGE_PATHS
         app.add_exception_handler(RequestValidationError, _request_validation_error)  # type: ignore[arg-type]
         # The edges (see .middleware), innermost first: Starlette wraps each added one around the previous.
@@ -562,12 +562,12 @@ def create_app(
     Same signature as OpenEnv 0.10's ``create_app`` plus the keywords of
     :class:`~.settings.ServerOptions` (see :class:`HTTPEnvServer`). ``web=True`` (or
     ``ENABLE_WEB_INTERFACE=1``, which decides when set) adds the web playground at ``/web/``
-    (:mod:`.web`). Upstream's Gradio arguments (``gradio_builder`` and the tab options) have no
-    effect here: the playground is a page of its own, without Gradio.
+    (:mod:`.web`). With the page on, a package's ``gradio_builder`` (called as upstream calls it)
+    is mounted beside it at ``/web/custom/`` when Gradio is installed (``openenv[gradio]``;
+    :mod:`.web.custom`, which also says what the tab options do); without Gradio the page is
+    served alone and a log line says how to get it.
     """
-    if gradio_builder is not None:
-        logger.warning("create_app: gradio_builder is ignored (the web playground here does not use Gradio)")
-    return create_fastapi_app(
+    app = create_fastapi_app(
         env,
         action_cls,
         observation_cls,
@@ -579,6 +579,25 @@ def create_app(
         reset_observation_cls=reset_observation_cls,
         **options,
     )
+    server = app.state.openenv_server
+    if gradio_builder is not None and server.settings.web:
+        from .web.custom import mount_custom_ui
+
+        mount_custom_ui(
+            app,
+            app.state.openenv_playground,
+            gradio_builder,
+            env,
+            action_cls,
+            observation_cls,
+            env_name=env_name,
+            custom_tab_name=custom_tab_name,
+            custom_tab_primary=custom_tab_primary,
+            show_default_tab=show_default_tab,
+            title_override=title_override,
+            show_errors=server.settings.error_details is True,
+        )
+    return app
 
 
 @functools.wraps(create_app, assigned=("__annotations__",))

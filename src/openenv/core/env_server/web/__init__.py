@@ -19,7 +19,7 @@ like any other.
 
 ===========================  ===================================================================
 ``GET /web/metadata``        the environment: metadata, README, JSON schemas, its reset keywords,
-                             whether it takes MCP tool calls
+                             whether it takes MCP tool calls, the package's Gradio UI (``custom``)
 ``POST /web/session``        a new session: ``{"session_id", "tools", "idle_timeout_s"}``
 ``DELETE /web/session``      close it
 ``POST /web/reset``          body: reset keywords (``seed``, ``episode_id``, the environment's own)
@@ -35,6 +35,10 @@ Reset and step answer a *view*: the observation payload (as HTTP ``/step`` has i
 no forms, no navigation, an origin of its own) under a Content-Security-Policy that lets it load
 nothing but ``data:`` images: it can neither run code in the page nor send anything anywhere.
 Everything else the page shows (observations, errors, the README) is inserted as text, never as HTML.
+
+**A package's Gradio UI** (``create_app(..., gradio_builder=...)`` with Gradio installed) is
+mounted beside the page at ``/web/custom/`` (:mod:`.custom`) and linked from it; it plays one
+environment shared by its visitors (:class:`.shared.WebInterfaceManager`, OpenEnv 0.10's).
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ from ..middleware import http_error
 from ..serialization import deserialize_action, parse_json, serialize_observation, to_json_bytes, to_jsonable
 from ..sessions import Session, SessionKind
 from ..types import ResetRequest, StepRequest
+from .shared import WebInterfaceManager
 
 logger = logging.getLogger("openenv.server")
 
@@ -147,7 +152,7 @@ def find_readme(cls: Optional[type]) -> Optional[str]:
     return None
 
 
-class WebInterfaceManager:
+class Playground:
     """The web playground of one :class:`~..http_server.HTTPEnvServer`: its page and routes (see
     the module docstring). It keeps no environment of its own: every call goes to the visitor's
     session in the server's :class:`~..sessions.SessionManager`."""
@@ -156,12 +161,17 @@ class WebInterfaceManager:
         self.server = server
         self.manager = server.manager
         self._about: Optional[Dict[str, Any]] = None
+        self.custom: Optional[Dict[str, Any]] = None
+        """The package's own Gradio UI where one is mounted (:mod:`.custom`): ``{"name", "path",
+        "primary"}``, which the page links to (and ``/``, ``/web`` lead to when primary)."""
 
     def register(self, app: FastAPI) -> None:
-        """Add the page and its routes to ``app``."""
+        """Add the page and its routes to ``app`` (and itself as ``app.state.openenv_playground``)."""
+        app.state.openenv_playground = self
 
         async def to_page() -> Response:
-            return RedirectResponse("web/", status_code=307)  # relative: right under any base path
+            landing = "web/" + (self.custom["path"] if self.custom and self.custom["primary"] else "")
+            return RedirectResponse(landing, status_code=307)  # relative: right under any base path
 
         app.add_api_route("/", to_page, methods=["GET"], include_in_schema=False)
         app.add_api_route("/web", to_page, methods=["GET"], include_in_schema=False)
@@ -185,7 +195,7 @@ class WebInterfaceManager:
         try:
             if self._about is None:
                 self._about = await self._describe()
-            return _json(self._about)
+            return _json({**self._about, "custom": self.custom})
         except Exception as exc:
             return http_error(exc)
 
@@ -344,4 +354,4 @@ def _actions(result: Any) -> Optional[List[Dict[str, Any]]]:
     return offered
 
 
-__all__ = ["PAGE_PATHS", "SESSION_HEADER", "WebInterfaceManager", "find_readme", "reset_arguments"]
+__all__ = ["PAGE_PATHS", "SESSION_HEADER", "Playground", "WebInterfaceManager", "find_readme", "reset_arguments"]

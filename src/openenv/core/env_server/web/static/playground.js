@@ -15,6 +15,8 @@
   let tools = [];         // MCP environments: tools/list of the session
   let readAction = null;  // () => the action the form describes
   let resetArgs = {};     // the last reset's keywords, for the snippet
+  let sentAction = null;  // the last action sent (a web_actions button's too): the snippet's step
+  let formEdited = false; // the form changed since: the snippet shows what Step would send instead
   let log = [];
   let busy = false;
 
@@ -358,7 +360,7 @@
     const base = new URL("..", location.href).href.replace(/\/$/, "");
     const headers = token ? ', headers={"Authorization": "Bearer " + os.environ["OPENENV_AUTH_TOKEN"]}' : "";
     const resetCall = Object.entries(resetArgs).map(([k, v]) => `${k}=${py(v)}`).join(", ");
-    const action = currentAction();
+    const action = formEdited ? currentAction() : sentAction;
     const lines = [
       ...(token ? ["import os", ""] : []),
       "from openenv import GenericEnvClient",
@@ -410,6 +412,8 @@
       if (sessionId === null) await openSession();
       const view = await api("POST", "reset", args);
       resetArgs = args;
+      sentAction = null;
+      formEdited = false;
       log = [{ step: 0, label: "reset(" + Object.entries(args).map(([k, v]) => `${k}=${py(v)}`).join(", ") + ")", reward: view.reward, done: view.done }];
       $("act-hint").hidden = true;
       $("start").textContent = JSON.stringify(view.observation, null, 1);
@@ -425,6 +429,8 @@
       const chosen = action || readAction();
       const view = await api("POST", "step", { action: chosen });
       log.push({ step: log.length, label: JSON.stringify(chosen), reward: view.reward, done: view.done });
+      sentAction = chosen;
+      formEdited = false;
       renderView(view);
       renderLog();
       updateSnippet();
@@ -445,6 +451,12 @@
     document.title = name + " · OpenEnv playground";
     $("description").textContent = (about.metadata && about.metadata.description) || "";
     $("readme").textContent = about.readme || "(no README)";
+    if (about.custom) {  // the package's own Gradio UI, mounted beside this page
+      $("custom-link").href = about.custom.path;
+      $("custom-link").textContent = about.custom.name;
+      $("custom-token").hidden = !token;
+      $("custom").hidden = false;
+    }
     readReset = buildResetForm();
     if (!about.mcp) buildActionForm();
     updateSnippet();
@@ -462,8 +474,8 @@
     });
     $("reset-form").addEventListener("submit", (event) => { event.preventDefault(); reset(); });
     $("action-form").addEventListener("submit", (event) => { event.preventDefault(); step(null); });
-    $("action-form").addEventListener("input", updateSnippet);
-    $("tool-select").addEventListener("change", buildActionForm);
+    $("action-form").addEventListener("input", () => { formEdited = true; updateSnippet(); });
+    $("tool-select").addEventListener("change", () => { formEdited = true; buildActionForm(); });
     // The tab goes away: close its session at once (the idle timeout is the fallback).
     window.addEventListener("pagehide", () => {
       if (sessionId === null) return;
