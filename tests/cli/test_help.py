@@ -11,7 +11,7 @@ import pytest
 
 import openenv
 
-COMMANDS = ["init", "serve", "validate", "build", "push", "list", "fork", "help"]
+COMMANDS = ["init", "serve", "validate", "build", "push", "list", "fork", "skills", "help"]
 
 
 def openenv_cli(*args: str, columns: int = 100) -> subprocess.CompletedProcess:

@@ -293,6 +293,8 @@ def test_the_dockerfile_command_serves_the_app_from_the_package_directory(genera
 @pytest.mark.parametrize(
     ("name", "reason"),
     [
+        ("", "the environment name is empty"),
+        ("  ", "the environment name is empty"),
         ("1env", "starting with a letter"),
         ("my-env", "lowercase letters, digits and underscores"),
         ("MyEnv", "lowercase letters, digits and underscores"),
@@ -330,6 +332,16 @@ def test_a_file_in_the_way_is_refused(tmp_path, capsys):
     (tmp_path / NAME).write_text("a file")
     assert main(["init", NAME, "--output-dir", str(tmp_path)]) == 1
     assert "is not a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("below", ["", "sub/dir"])
+def test_an_output_dir_that_is_a_file_is_refused(tmp_path, capsys, below):
+    (tmp_path / "notes.txt").write_text("a file")
+    output = tmp_path / "notes.txt" / below if below else tmp_path / "notes.txt"
+    assert main(["init", NAME, "--output-dir", str(output)]) == 1
+    error = capsys.readouterr().err
+    assert f"{tmp_path / 'notes.txt'} exists and is not a directory" in error and "--output-dir" in error
+    assert files_under(tmp_path) == {"notes.txt"}
 
 
 def test_an_empty_target_directory_is_filled(tmp_path):

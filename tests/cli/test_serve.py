@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -354,3 +355,149 @@ def test_reload_does_not_go_with_workers():
         [*OPENENV, "serve", str(ECHO), "--workers", "2", "--reload"], capture_output=True, text=True, timeout=60
     )
     assert refused.returncode == 1 and "--reload" in refused.stderr and "--workers" in refused.stderr
+
+
+# --- names, start-up, missing dependencies, the access log ---------------------------------------
+
+DICE = Path(__file__).resolve().parent / "fixtures" / "dice_env"
+
+
+def test_an_installed_package_is_served_by_its_name():
+    with Served("echo") as served:
+        assert "from echo_env import EchoEnv" in served.snippet
+        with GenericEnvClient(base_url=served.url).sync() as env:
+            assert env.reset().observation["echoed_message"] == "Echo environment ready!"
+        code, _, err = served.stop()
+    assert code == 0 and "Serving echo_env at" in err
+
+
+def test_a_name_nothing_installed_has_suggests_the_near_one(tmp_path):
+    result = subprocess.run([*OPENENV, "serve", "ech"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert result.returncode == 1
+    assert "ech is not a directory, and no installed environment package matches 'ech': did you mean 'echo'?" in (
+        result.stderr
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _raw_get(port: int, path: str) -> bytes:
+    """The whole answer to ``GET path`` on a fresh connection (the server closes it after)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_a_client_that_comes_while_the_server_starts_gets_a_whole_503(tmp_path):
+    project = tmp_path / "slow_env"
+    shutil.copytree(DICE, project, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    go = project / "go"
+    app = project / "server" / "app.py"
+    # The server starts only once the test has seen the answer to a client during its start.
+    waiting = (
+        "import pathlib, time\n"
+        "_go, _deadline = pathlib.Path(__file__).resolve().parents[1] / 'go', time.monotonic() + 90\n"
+        "while not _go.exists() and time.monotonic() < _deadline:\n"
+        "    time.sleep(0.05)\n"
+    )
+    app.write_text(app.read_text() + waiting)
+    port = _free_port()
+    process = subprocess.Popen(
+        [*OPENENV, "serve", str(project), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # serve listens before it starts the server
+            try:
+                answer = _raw_get(port, "/health")
+                break
+            except OSError:
+                assert time.monotonic() < deadline and process.poll() is None, "serve never listened"
+                time.sleep(0.05)
+        head, _, body = answer.partition(b"\r\n\r\n")
+        lines = head.decode().split("\r\n")
+        headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+        assert lines[0] == "HTTP/1.1 503 Service Unavailable"
+        assert int(headers["content-length"]) == len(body)
+        assert json.loads(body) == {
+            "detail": "the environment server is starting; retry in a moment",
+            "code": "SERVER_BUSY",
+        }
+        assert headers["retry-after"] == "1"
+        go.write_text("")
+        assert process.stdout is not None
+        assert process.stdout.readline().startswith(f"http://127.0.0.1:{port}")  # now it serves
+        assert _raw_get(port, "/health").startswith(b"HTTP/1.1 200 OK")
+    finally:
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    assert "cannot reach the environment server" not in err
+
+
+def _needing(tmp_path: Path, declared: List[str]) -> Path:
+    """A copy of the dice package whose server imports a module nothing installs; its
+    pyproject.toml declares ``declared``."""
+    project = tmp_path / "needy_env"
+    shutil.copytree(DICE, project, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    app = project / "server" / "app.py"
+    app.write_text(app.read_text() + "\nimport openenv_test_absent_dependency  # noqa: E402, F401\n")
+    pyproject = project / "pyproject.toml"
+    text = pyproject.read_text()
+    start = text.index("dependencies = [")
+    end = text.index("]", start) + 1
+    pyproject.write_text(text[:start] + f"dependencies = {json.dumps(declared)}" + text[end:])
+    return project
+
+
+def _serve_failing(project: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*OPENENV, "serve", project.name, "--port", "0"], capture_output=True, text=True, timeout=90, cwd=project.parent
+    )
+
+
+def test_a_missing_dependency_is_named_with_the_requirement_and_the_install_command(tmp_path):
+    project = _needing(tmp_path, ["openenv>=0.10", "openenv-test-absent-dependency>=1.2"])
+    result = _serve_failing(project)
+    assert result.returncode == 1 and result.stdout == ""
+    error = " ".join(result.stderr.split())
+    assert "No module named 'openenv_test_absent_dependency'" in error
+    assert (
+        "The package dice_env needs the module 'openenv_test_absent_dependency', from its dependency "
+        "openenv-test-absent-dependency>=1.2 (declared in needy_env/pyproject.toml)"
+    ) in error
+    assert f"{Path(sys.executable).parent / 'pip'} install -e needy_env" in error
+
+
+def test_an_undeclared_module_is_said_to_be_missing_from_the_pyproject(tmp_path):
+    project = _needing(tmp_path, ["openenv>=0.10"])
+    result = _serve_failing(project)
+    assert result.returncode == 1
+    error = " ".join(result.stderr.split())
+    assert "needy_env/pyproject.toml does not declare it" in error
+    assert f"{Path(sys.executable).parent / 'pip'} install -e needy_env" in error
+
+
+def test_workers_keep_their_polls_out_of_the_access_log():
+    with Served(str(ECHO), "--workers", "2") as served:
+        for worker in ("w0", "w1"):
+            assert served.wait_for(f"[{worker}] INFO:     Application startup complete.")
+        time.sleep(3)  # idle: the front asks each worker for its sessions about once a second
+        assert "/openenv/capacity" not in served.err
+        assert httpx.get(f"{served.url}/openenv/capacity", timeout=10).status_code == 200  # a client's own
+        assert httpx.post(f"{served.url}/reset", json={}, timeout=10).status_code == 200
+        assert served.wait_for('"POST /reset HTTP/1.1" 200')
+        assert served.wait_for('"GET /openenv/capacity HTTP/1.1" 200')
+        code, _, err = served.stop()
+    assert code == 0
+    assert err.count("/openenv/capacity") == 1

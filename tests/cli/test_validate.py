@@ -351,6 +351,26 @@ def test_an_app_that_does_not_import_fails_and_the_report_shows_the_import_error
     assert "FAILED" in out.splitlines()[-1]
 
 
+def test_a_dependency_that_is_not_installed_is_named_with_the_command_that_installs_it(capsys, tmp_path):
+    pyproject = (DICE / "pyproject.toml").read_text()
+    declared = pyproject.replace('["openenv>=0.10"]', '["openenv>=0.10", "openenv-validate-missing-dependency>=2"]')
+    assert declared != pyproject
+    package = dice_copy(tmp_path, {"server/app.py": BROKEN_IMPORT, "pyproject.toml": declared})
+    code, report = validate_json(capsys, str(package), "--no-runtime")
+    assert code == 1
+    why = detail(report, "app.import")
+    assert "No module named 'openenv_validate_missing_dependency'" in why
+    assert "from its dependency openenv-validate-missing-dependency>=2" in why
+    assert f"install -e {package}" in why
+
+
+def test_an_installed_package_is_validated_by_its_name(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where no directory is called echo
+    code, report = validate_json(capsys, "echo", "--no-runtime")
+    assert code == 0, report
+    assert Path(report["target"]) == ECHO.resolve() and report["name"] == "echo_env"
+
+
 def test_an_app_that_does_not_import_skips_the_runtime_checks(capsys, tmp_path):
     package = dice_copy(tmp_path, {"server/app.py": BROKEN_IMPORT})
     code, report = validate_json(capsys, str(package))

@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import difflib
+import logging
+import os
+import signal
 import sys
-from typing import List, Optional
+import threading
+import traceback
+from types import FrameType
+from typing import Any, Callable, List, Optional, Union
 
 import typer
 
-from openenv.cli._common import CLIError, err, out
+from openenv.cli._common import CLIError, err, out, print_error
 from openenv.cli._help import WIDTH, PlainCommand, PlainGroup
+
+DEBUG_ENV = "OPENENV_DEBUG"
+"""Set to 1 (or pass ``openenv --debug``) for the traceback of an unexpected error or a Ctrl-C."""
+_TRUE = ("1", "true", "yes", "on")
 
 app = typer.Typer(
     name="openenv",
@@ -26,7 +36,14 @@ app = typer.Typer(
 def _root(
     ctx: typer.Context,
     version: bool = typer.Option(False, "--version", is_eager=True, help="Print openenv's version and exit."),
+    debug: bool = typer.Option(
+        False,
+        "--debug",
+        help=f"Show the traceback of an unexpected error, or of where Ctrl-C stopped a command (or set {DEBUG_ENV}=1).",
+    ),
 ) -> None:
+    if debug:
+        _run.debug = True
     if version:
         import openenv
 
@@ -56,9 +73,9 @@ def _help(
 
 
 def _register() -> None:
-    from openenv.cli.commands import build, fork, init, list_envs, push, serve, validate
+    from openenv.cli.commands import build, fork, init, list_envs, push, serve, skills, validate
 
-    for module in (init, serve, validate, build, push, list_envs, fork):
+    for module in (init, serve, validate, build, push, list_envs, fork, skills):
         module.register(app)
     app.command("help")(_help)
     for command in app.registered_commands:
@@ -68,16 +85,72 @@ def _register() -> None:
 _register()
 
 
+class _Run:
+    """What :func:`main` learns while a command runs: whether to show tracebacks, and whether a
+    Ctrl-C arrived (click turns the KeyboardInterrupt into a bare exit code 130)."""
+
+    def __init__(self) -> None:
+        self.debug = False
+        self.interrupted = False
+
+    def reset(self) -> None:
+        self.debug = os.environ.get(DEBUG_ENV, "").strip().lower() in _TRUE
+        self.interrupted = False
+
+    def on_sigint(self, signum: int, frame: Optional[FrameType]) -> None:
+        # Raised where the command is, as Python's own handler does. Being a handler of our own
+        # also keeps asyncio.run from turning Ctrl-C into a task cancellation, which httpx reports
+        # as a ReadTimeout that a command may take for an answer.
+        self.interrupted = True
+        if self.debug:
+            err.print("Interrupted here:")
+            traceback.print_stack(frame, file=sys.stderr)
+        raise KeyboardInterrupt
+
+    def quiet_after_interrupt(self, record: logging.LogRecord) -> bool:
+        """A filter for asyncio's logger: after a Ctrl-C, its complaints about the tasks it ended
+        (a KeyboardInterrupt that reached a task group, say) are not news (``--debug`` keeps them)."""
+        return self.debug or not self.interrupted
+
+
+_run = _Run()
+
+_Handler = Union[Callable[[int, Optional[FrameType]], Any], int, None]
+
+
+def _own_sigint() -> Optional[_Handler]:
+    """Install :meth:`_Run.on_sigint`; return the handler to put back (None: nothing was changed)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is not signal.default_int_handler:  # a program embedding main() chose its own
+        return None
+    signal.signal(signal.SIGINT, _run.on_sigint)
+    return previous
+
+
+def _interrupted() -> int:
+    err.print("Interrupted.")
+    return 130
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    """Run the CLI; return its exit code (0 ok, 1 failure, 130 interrupted)."""
+    """Run the CLI; return its exit code (0 ok, 1 failure, 130 interrupted).
+
+    Whatever goes wrong ends in one line on stderr and a non-zero code: a :class:`CLIError` as
+    ``Error: <message>``, Ctrl-C as ``Interrupted.``, an unexpected exception as its type and text
+    (its traceback too with ``openenv --debug`` or ``OPENENV_DEBUG=1``)."""
+    _run.reset()
+    previous = _own_sigint()
+    asyncio_log = logging.getLogger("asyncio")
+    asyncio_log.addFilter(_run.quiet_after_interrupt)
     try:
         code = app(args=argv, prog_name="openenv", standalone_mode=False)
     except CLIError as exc:
-        err.print(f"[bold red]Error:[/] {exc}", markup=True, highlight=False)
+        print_error(exc)
         return exc.code
-    except KeyboardInterrupt:
-        err.print("Interrupted.")
-        return 130
+    except KeyboardInterrupt:  # outside a command (click answers one inside with exit code 130)
+        return _interrupted()
     except SystemExit as exc:  # typer.Exit inside commands
         return int(exc.code or 0) if not isinstance(exc.code, str) else 1
     except Exception as exc:  # click's usage errors (typer's own copy of click, in typer >= 0.2x) and the unexpected
@@ -88,10 +161,21 @@ def main(argv: Optional[List[str]] = None) -> int:
             exc.show()
             return exc.exit_code
         if type(exc).__name__ == "Abort":
+            if isinstance(exc.__context__, KeyboardInterrupt):
+                return _interrupted()
             err.print("Aborted.")
             return 1
-        err.print(f"[bold red]Error:[/] {type(exc).__name__}: {exc}")
+        if _run.debug:
+            traceback.print_exception(exc, file=sys.stderr)
+        hint = "" if _run.debug else f" (for the traceback: openenv --debug, or {DEBUG_ENV}=1)"
+        print_error(f"unexpected {type(exc).__name__}: {exc}{hint}")
         return 1
+    finally:
+        asyncio_log.removeFilter(_run.quiet_after_interrupt)
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    if code == 130 and _run.interrupted:
+        return _interrupted()
     return code if isinstance(code, int) else 0
 
 

@@ -114,4 +114,7 @@ class PlainGroup(TyperGroup):
         with formatter.section("Commands"):
             formatter.write_dl(commands)
         formatter.write_paragraph()
-        formatter.write_text("Run 'openenv help COMMAND' (or 'openenv COMMAND --help') for a command's options.")
+        if ctx.parent is None:
+            formatter.write_text("Run 'openenv help COMMAND' (or 'openenv COMMAND --help') for a command's options.")
+        else:  # a group of commands (`openenv skills`): `openenv help` knows only the top level
+            formatter.write_text(f"Run '{ctx.command_path} COMMAND --help' for a command's options.")

@@ -17,9 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from rich.markup import escape
-
-from openenv.cli._common import CLIError, err
+from openenv.cli._common import CLIError, err, styled
 from openenv.core.manifest import MANIFEST, EnvManifest
 
 DOCKERFILES = ("server/Dockerfile", "Dockerfile")
@@ -175,9 +173,7 @@ def _link_inside(path: Path, package_dir: Path, relative: str) -> bool:
     target = os.path.realpath(path)
     if target == str(package_dir) or target.startswith(str(package_dir) + os.sep):
         return True
-    err.print(
-        f"[yellow]Warning:[/] left out {escape(relative)}: a symbolic link to {escape(target)}, outside the package"
-    )
+    err.print(styled("[yellow]Warning:[/] left out {}: a symbolic link to {}, outside the package", relative, target))
     return False
 
 

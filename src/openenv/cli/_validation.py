@@ -278,7 +278,11 @@ def _check_app(probe: Dict[str, Any], manifest: Optional[EnvManifest], report: R
         return None
     error = probe.get("error") or probe.get("app_error")
     if error:
-        report.add("app.import", titles["app.import"], Status.FAILED, f"{manifest.app} did not import:\n{error}")
+        from openenv.cli._dependencies import missing_module_help
+
+        advice = missing_module_help(str(error), manifest.name, manifest.path)  # a dependency not installed
+        detail = f"{manifest.app} did not import:\n{error}" + (f"\n{advice}" if advice else "")
+        report.add("app.import", titles["app.import"], Status.FAILED, detail)
         for id in ("app.create_app", "app.models"):
             report.add(id, titles[id], Status.SKIPPED, "the app did not import")
         return None

@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Any, Deque, Dict, List, Optional
 
 import typer
-from rich.markup import escape
 
 from openenv.cli import _publish
-from openenv.cli._common import CLIError, err, load_package, out
+from openenv.cli._common import CLIError, err, load_package, out, styled
 from openenv.core.manifest import EnvManifest
 
 _TAIL_LINES = 30
@@ -206,20 +205,28 @@ def _image(
         dockerfile = _dockerfile_for(manifest, dockerfile_option, context)
         if dockerfile is None:
             err.print(
-                f"[yellow]Image skipped:[/] {escape(str(package))} has no Dockerfile "
-                f"({' or '.join(_publish.DOCKERFILES)}); {escape(where)}. "
-                f"To build an image, {escape(_publish.dockerfile_hint(package))}",
-                markup=True,
+                styled(
+                    "[yellow]Image skipped:[/] {} has no Dockerfile ({}); {}. To build an image, {}",
+                    package,
+                    " or ".join(_publish.DOCKERFILES),
+                    where,
+                    _publish.dockerfile_hint(package),
+                )
             )
             return None
         try:
             client = _docker_client()
         except (ImportError, RuntimeError) as exc:
             err.print(
-                f"[yellow]Image skipped:[/] {escape(str(exc))}. {escape(where[:1].upper() + where[1:])}; "
-                f"the image {escape(tag)} was not built. Once Docker runs, build it with: openenv build "
-                f"{escape(str(package))} (or: {escape(_docker_command(tag, package, dockerfile))})",
-                markup=True,
+                styled(
+                    "[yellow]Image skipped:[/] {}. {}; the image {} was not built. Once Docker runs, build it "
+                    "with: openenv build {} (or: {})",
+                    exc,
+                    where[:1].upper() + where[1:],
+                    tag,
+                    package,
+                    _docker_command(tag, package, dockerfile),
+                )
             )
             return None
         err.print(f"Building the Docker image {tag} from {dockerfile}…", markup=False)
@@ -234,7 +241,7 @@ def _image(
             close = getattr(client, "close", None)
             if callable(close):
                 close()
-    err.print(f"[green]Built image[/] {escape(tag)} ({escape(image_id[:19])})", markup=True)
+    err.print(styled("[green]Built image[/] {} ({})", tag, image_id[:19]))
     return tag
 
 
@@ -277,7 +284,7 @@ def register(app: typer.Typer) -> None:
         build_args = _publish.parse_assignments(build_arg, "--build-arg")
         destination = (out_dir.expanduser() if out_dir else manifest.path / "dist").resolve()
         built = build_distributions(manifest.path, destination, isolation=not no_isolation, verbose=verbose)
-        err.print(f"[green]Built[/] {len(built)} distributions in {escape(str(destination))}:", markup=True)
+        err.print(styled("[green]Built[/] {} distributions in {}:", len(built), destination))
         for artifact in built:
             err.print(f"  {artifact.name} ({_size(artifact)})", markup=False)
         image_tag = tag or _publish.image_tag(manifest.name)

@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 import typer
-from rich.markup import escape
 
 from openenv.cli import _publish
-from openenv.cli._common import err, out
+from openenv.cli._common import err, out, styled
 
 
 def _entries(values: Dict[str, str]) -> Optional[List[Dict[str, str]]]:
@@ -94,7 +93,5 @@ def register(app: typer.Typer) -> None:
         if secrets:
             extras.append(f"secrets {', '.join(sorted(secrets))}")
         detail = f" with {' and '.join(extras)}" if extras else ""
-        err.print(
-            f"[green]Forked[/] {escape(_publish.space_id(space))} on {escape(hardware)}{escape(detail)}.", markup=True
-        )
+        err.print(styled("[green]Forked[/] {} on {}{}.", _publish.space_id(space), hardware, detail))
         out.print(url, markup=False)

@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 import typer
-from rich.markup import escape
 
 from openenv.auto.discovery import normalize
-from openenv.cli._common import CLIError, err
+from openenv.cli._common import CLIError, err, styled
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 TEMPLATE_SUFFIX = ".tmpl"
@@ -100,6 +99,8 @@ _COLORS = ("red", "yellow", "green", "blue", "indigo", "purple", "pink", "gray")
 
 def check_name(name: str) -> None:
     """Raise :class:`CLIError` unless ``name`` can be the package's import name."""
+    if not name.strip():
+        raise CLIError("the environment name is empty: give the package's import name, e.g. openenv init my_env")
     example = _suggest(name)
     if not _NAME.fullmatch(name):
         raise CLIError(
@@ -196,7 +197,15 @@ def create_package(name: str, template: TemplateKind = TemplateKind.typed, outpu
     call created is removed again.
     """
     check_name(name)
-    target = Path(output_dir).expanduser() / name
+    output = Path(output_dir).expanduser()
+    # The first part of --output-dir that exists must be a directory for anything to go under it.
+    existing = next((p for p in (output, *output.parents) if p.exists() or p.is_symlink()), None)
+    if existing is not None and not existing.is_dir():
+        raise CLIError(
+            f"--output-dir {output}: {existing} exists and is not a directory; "
+            "give a directory (or a path to create) as --output-dir"
+        )
+    target = output / name
     if target.exists() or target.is_symlink():
         if not target.is_dir():
             raise CLIError(f"{target} exists and is not a directory: choose another name or --output-dir")
@@ -284,14 +293,14 @@ def register(app: typer.Typer) -> None:
         written = create_package(name, template, output_dir)
         target = Path(output_dir).expanduser() / name
         shown = _shown(target)
-        err.print(f"[bold green]Created[/] {escape(shown)}/ from the [bold]{template.value}[/] template:")
+        err.print(styled("[bold green]Created[/] {}/ from the [bold]{}[/] template:", shown, template.value))
         for path in sorted(written):
-            err.print(f"  {escape(_shown(path))}")
-        err.print("\n[bold]Next steps:[/]")
+            err.print(f"  {_shown(path)}")
+        err.print(styled("\n[bold]Next steps:[/]"))
         for step in (
             f"pip install -e {shlex.quote(shown + '[dev]')}",
             f"pytest {shlex.quote(str(Path(shown) / 'tests'))}",
             f"openenv serve {shlex.quote(shown)}",
             f"openenv validate {shlex.quote(shown)}",
         ):
-            err.print(f"  {escape(step)}")
+            err.print(f"  {step}")

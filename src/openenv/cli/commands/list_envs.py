@@ -7,7 +7,7 @@ from typing import Any, Dict, List
 import typer
 from rich.table import Table
 
-from openenv.cli._common import out, print_json
+from openenv.cli._common import out, print_json, styled
 
 
 def installed() -> List[Dict[str, Any]]:
@@ -47,7 +47,7 @@ def register(app: typer.Typer) -> None:
             print_json(rows)
             return
         if not rows:
-            out.print("No environment packages installed. Create one with [bold]openenv init NAME[/].")
+            out.print(styled("No environment packages installed. Create one with [bold]openenv init NAME[/]."))
             return
         out.print(f"{len(rows)} environment package{'s' if len(rows) != 1 else ''}:", markup=False)
         table = Table(box=None, header_style="bold", pad_edge=False, padding=(0, 2))  # no box: fits 80-100 columns

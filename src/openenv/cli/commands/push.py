@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 import typer
-from rich.markup import escape
 
 from openenv.cli import _publish
-from openenv.cli._common import CLIError, err, load_package, out
+from openenv.cli._common import CLIError, err, load_package, out, styled
 from openenv.core.containers.runtime.docker import _redact
 from openenv.core.manifest import EnvManifest
 
@@ -71,12 +70,8 @@ def push_to_space(
     space_url = str(url) if url else f"https://huggingface.co/spaces/{repo}"
     oid = getattr(commit, "oid", None)
     commit_url = getattr(commit, "commit_url", None)
-    err.print(
-        f"[green]Pushed[/] {escape(repo)}"
-        + (f" (commit {escape(str(oid)[:12])}{', ' + escape(str(commit_url)) if commit_url else ''})" if oid else "")
-        + (" as a private Space" if private else ""),
-        markup=True,
-    )
+    detail = f" (commit {str(oid)[:12]}{', ' + str(commit_url) if commit_url else ''})" if oid else ""
+    err.print(styled("[green]Pushed[/] {}{}{}", repo, detail, " as a private Space" if private else ""))
     err.print("The Space builds its image now; its page shows the build log.", markup=False)
     return space_url
 
@@ -169,9 +164,7 @@ def push_to_git(
             hint = " (the branch moved while pushing: run openenv push again)" if "rejected" in detail else ""
             raise CLIError(_redact(f"git push to {location} failed{hint}: {detail}", ()))
     on_top = f" on top of {parent[:12]}" if parent else " (the branch's first commit)"
-    err.print(
-        f"[green]Pushed[/] commit {commit[:12]}{on_top} to {escape(shown)}, branch {escape(branch)}.", markup=True
-    )
+    err.print(styled("[green]Pushed[/] commit {}{} to {}, branch {}.", commit[:12], on_top, shown, branch))
     return commit
 
 
@@ -222,7 +215,7 @@ def register(app: typer.Typer) -> None:
         if git_remote is not None and (repo_id is not None or private):
             raise CLIError("--repo-id and --private are for Spaces; with --git-remote, the remote names the repository")
         for warning in _publish.check_structure(manifest):
-            err.print(f"[yellow]Warning:[/] {escape(warning)}", markup=True)
+            err.print(styled("[yellow]Warning:[/] {}", warning))
         excludes = list(exclude or ())
         text = message or f"openenv push: {manifest.name}" + (f" {manifest.version}" if manifest.version else "")
         if git_remote is not None:

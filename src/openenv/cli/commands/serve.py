@@ -15,7 +15,8 @@ from typing import Dict, List, Optional
 
 import typer
 
-from openenv.cli._common import CLIError, err, load_package
+from openenv.cli._common import CLIError, err, load_package, styled
+from openenv.cli._dependencies import missing_module_help
 from openenv.core.manifest import EnvManifest
 from openenv.core.utils import is_local_host
 
@@ -26,7 +27,9 @@ def register(app: typer.Typer) -> None:
     @app.command("serve")
     def serve(
         path: str = typer.Argument(
-            ".", metavar="PATH", help="The environment package (a directory with openenv.yaml)."
+            ".",
+            metavar="PATH",
+            help="The environment package: a directory with openenv.yaml, or the name of an installed one (openenv list).",
         ),
         host: str = typer.Option(
             "127.0.0.1",
@@ -86,7 +89,7 @@ def register(app: typer.Typer) -> None:
                 "--reload restarts one server process; it does not go with --workers: "
                 "develop with one (drop --workers), serve with many (drop --reload)"
             )
-        manifest = load_package(path)
+        manifest = load_package(path, by_name=True)
         env_vars = _server_env(host, env, max_sessions, web)
         server = _Serve(manifest, host, port, sandbox, reload, env_vars, network, memory_mb, workers)
         raise typer.Exit(server.run())
@@ -191,9 +194,15 @@ class _Serve:
         except BaseException as exc:
             provider.stop()
             if isinstance(exc, (RuntimeError, TimeoutError, OSError)):
-                raise CLIError(str(exc)) from None
+                raise self._did_not_start(exc) from None
             raise
         return provider
+
+    def _did_not_start(self, exc: BaseException) -> CLIError:
+        """The server's failure to start, with what to do when a module is missing."""
+        message = str(exc)
+        advice = missing_module_help(message, self.manifest.name, self.manifest.path)
+        return CLIError(f"{message}\n{advice}" if advice else message)
 
     # --- the TCP front ----------------------------------------------------------------------------
 
@@ -209,7 +218,8 @@ class _Serve:
         from openenv.core.containers.runtime.forward import UnixForwarder
 
         loop = asyncio.get_running_loop()
-        forwarder = UnixForwarder("", self.host, self.port)
+        # No server yet: until retarget(), a client is told that it is starting.
+        forwarder = UnixForwarder(None, self.host, self.port)
         try:
             host, port = await forwarder.start()  # the port first: fail before starting anything
         except OSError as exc:
@@ -220,7 +230,7 @@ class _Serve:
         watcher: Optional[asyncio.Task] = None
         try:
             mode = "sandboxed" if self.sandbox else "WITHOUT isolation"
-            with err.status(f"Starting {self.manifest.name} ({mode})..."):
+            with err.status(styled("Starting {} ({})...", self.manifest.name, mode)):
                 self.provider = await loop.run_in_executor(None, self._start_provider)
             forwarder.retarget(self.provider.base_url)
             self._announce(host, port)
@@ -238,9 +248,9 @@ class _Serve:
             await forwarder.close()
             if self.provider is not None:
                 await loop.run_in_executor(None, self.provider.stop)
+                err.print("Stopped.")  # (a server that never started says why instead)
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
-            err.print("Stopped.")
 
     def _cannot_listen(self, exc: OSError) -> CLIError:
         if exc.errno == errno.EADDRINUSE:
@@ -254,15 +264,17 @@ class _Serve:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         self.pool = self._new_provider()
+        started = False
         try:
             mode = "sandboxed" if self.sandbox else "WITHOUT isolation"
-            with err.status(f"Starting {self.workers} processes of {self.manifest.name} ({mode})..."):
+            with err.status(styled("Starting {} processes of {} ({})...", self.workers, self.manifest.name, mode)):
                 try:
                     await loop.run_in_executor(None, self.pool.start)
                 except OSError as exc:
                     raise self._cannot_listen(exc) from None
                 except (RuntimeError, TimeoutError) as exc:
-                    raise CLIError(str(exc)) from None
+                    raise self._did_not_start(exc) from None
+            started = True
             self._announce(*self.pool.front.address)
             follower = asyncio.ensure_future(self._follow_log())
             await stop.wait()
@@ -274,7 +286,8 @@ class _Serve:
             await loop.run_in_executor(None, self.pool.stop)
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
-            err.print("Stopped.")
+            if started:
+                err.print("Stopped.")
 
     async def _follow_log(self) -> None:
         """Copy the servers' logs to stderr as they grow (across reloads and restarts)."""
@@ -313,17 +326,19 @@ class _Serve:
 
         async for changes in awatch(str(self.manifest.path), watch_filter=relevant):
             names = ", ".join(sorted({os.path.relpath(p, self.manifest.path) for _, p in changes}))
-            err.print(f"[yellow]Changed:[/] {names}; restarting the server...")
+            err.print(styled("[yellow]Changed:[/] {}; restarting the server...", names))
             try:
                 fresh = await loop.run_in_executor(None, self._start_provider)
             except CLIError as exc:
-                err.print(f"[bold red]The changed code does not start[/] (still serving the previous one):\n{exc}")
+                err.print(
+                    styled("[bold red]The changed code does not start[/] (still serving the previous one):\n{}", exc)
+                )
                 continue
             old, self.provider = self.provider, fresh
             forwarder.retarget(fresh.base_url)
             if old is not None:
                 await loop.run_in_executor(None, old.stop)
-            err.print("[green]Reloaded.[/]")
+            err.print(styled("[green]Reloaded.[/]"))
 
     def _announce(self, host: str, port: int) -> None:
         shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
@@ -334,18 +349,24 @@ class _Serve:
             else "NOT isolated: it can reach this machine's files and network"
         )
         workers = f", {self.workers} processes" if self.workers > 1 else ""
-        err.print(f"[bold green]Serving[/] {self.manifest.name} at [bold]{url}[/] ({isolation}{workers})")
+        err.print(
+            styled("[bold green]Serving[/] {} at [bold]{}[/] ({}{})", self.manifest.name, url, isolation, workers)
+        )
         if self.env_vars.get("ENABLE_WEB_INTERFACE", "").lower() in ("1", "true", "yes", "on"):
-            err.print(f"Play it in a browser: [bold]{url}/web/[/]")
+            err.print(styled("Play it in a browser: [bold]{}/web/[/]", url))
         token = self.env_vars.get("OPENENV_AUTH_TOKEN")
         if token:
             err.print(
-                "Clients must send [bold]Authorization: Bearer $OPENENV_AUTH_TOKEN[/] (add headers= to the snippet)."
+                styled(
+                    "Clients must send [bold]Authorization: Bearer $OPENENV_AUTH_TOKEN[/] (add headers= to the snippet)."
+                )
             )
         elif host in ("0.0.0.0", "::"):
             err.print(
-                "[yellow]Listening on every interface: anyone who can reach this machine can use it[/] "
-                "(set OPENENV_AUTH_TOKEN to require a token)."
+                styled(
+                    "[yellow]Listening on every interface: anyone who can reach this machine can use it[/] "
+                    "(set OPENENV_AUTH_TOKEN to require a token)."
+                )
             )
         err.print("Paste this into Python to use it (Ctrl-C here stops the server):\n")
         sys.stdout.write(f"{url}\n\n{client_snippet(self.manifest.path, url)}\n\n")

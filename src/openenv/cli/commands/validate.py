@@ -11,7 +11,7 @@ from typing import Any, Dict, Iterator, Optional
 
 import typer
 
-from openenv.cli._common import CLIError, err, out, print_json
+from openenv.cli._common import CLIError, err, load_package, out, print_json, styled
 
 _STYLES = {"passed": "green", "warning": "yellow", "failed": "bold red", "skipped": "dim"}
 _MARKS = {"passed": "✓", "warning": "!", "failed": "✗", "skipped": "-"}
@@ -69,8 +69,11 @@ def register(app: typer.Typer) -> None:
                 report = validate_url(target, timeout_s=timeout, action=step_action, progress=progress)
             else:
                 path = Path(target or ".").expanduser()
-                if not path.is_dir():
-                    raise CLIError(f"{path} is not a directory (give an environment package or a server URL)", 2)
+                if not path.is_dir():  # the name of an installed package (`echo`), or an error that says why not
+                    try:
+                        path = load_package(target, by_name=True).path
+                    except CLIError as exc:
+                        raise CLIError(str(exc), 2) from None
                 report = validate_package(
                     path,
                     timeout_s=timeout,
@@ -101,7 +104,7 @@ def _parse_action(text: Optional[str]) -> Optional[Dict[str, Any]]:
 
 def _progress_printer() -> Any:
     def progress(message: str) -> None:
-        err.print(f"[dim]{message}[/]", highlight=False)
+        err.print(styled("[dim]{}[/]", message))
 
     return progress
 

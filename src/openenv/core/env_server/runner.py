@@ -20,6 +20,7 @@ import time
 from typing import Any, Optional, Sequence, Tuple
 
 from ._compat import uvicorn as uvicorn_compat
+from .access_log import quiet_polls
 from .limits import InFlightBudget
 from .settings import ServerSettings, tuned_gc
 
@@ -57,6 +58,7 @@ def uvicorn_config(
     config.load()
     for missing in uvicorn_compat.protect(config, settings.limits, budget, keep=overrides):
         _say_once(f"serving without {missing}")
+    quiet_polls()  # after uvicorn has set up its loggers: the --workers front's polls stay out of the log
     return config
 
 

@@ -41,10 +41,6 @@ DESCRIPTORS_KEPT = 128
 own queries to them); the others, two per connection, bound the connections it holds at once."""
 LOCAL = "local"
 """The address this machine's clients share for the per-client caps (as in a server's)."""
-_UNAVAILABLE = (
-    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
-    b'content-length: 62\r\n\r\n{"detail":"the environment server is not available right now."}'
-)
 
 
 def _too_many(address: str, cap: int) -> bytes:
@@ -66,11 +62,27 @@ def _full(limit: int) -> bytes:
     )
 
 
-def _unavailable(detail: str, code: str) -> bytes:
+def _unavailable(detail: str, code: str, retry_after_s: Optional[int] = None) -> bytes:
     """A whole HTTP 503 answer, ``{"detail", "code"}``, after which the connection is closed."""
     body = json.dumps({"detail": detail, "code": code}, separators=(",", ":")).encode()
     head = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
+    if retry_after_s is not None:
+        head += b"retry-after: %d\r\n" % retry_after_s
     return head + b"content-length: %d\r\n\r\n" % len(body) + body
+
+
+_STARTING = _unavailable("the environment server is starting; retry in a moment", "SERVER_BUSY", 1)
+_UNREACHABLE = _unavailable("the environment server is not available right now; retry shortly", "SERVER_BUSY", 1)
+
+
+async def _refuse(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter, answer: bytes) -> None:
+    """Send ``answer`` and end the connection so that the client reads all of it: the request it
+    sent is read and dropped for a moment, as closing with unread data would reset the connection."""
+    with contextlib.suppress(OSError):
+        client_writer.write(answer)
+        await client_writer.drain()
+        client_writer.write_eof()
+        await linger(client_reader)
 
 
 def raise_descriptor_limit() -> int:
@@ -177,11 +189,7 @@ class TCPRelay:
             else:
                 cap = self.max_per_client
             if cap and self.open.get(address, 0) >= cap:
-                with contextlib.suppress(OSError):
-                    client_writer.write(_too_many(address, cap))
-                    await client_writer.drain()
-                    client_writer.write_eof()
-                    await linger(client_reader)
+                await _refuse(client_reader, client_writer, _too_many(address, cap))
                 client_writer.close()
                 return
             self.open[address] = self.open.get(address, 0) + 1
@@ -203,11 +211,16 @@ class TCPRelay:
 
 
 class UnixForwarder(TCPRelay):
-    """Relay TCP connections on ``host:port`` to the Unix socket ``target`` (a path or ``unix://``)."""
+    """Relay TCP connections on ``host:port`` to the Unix socket ``target`` (a path or ``unix://``).
+
+    ``target`` may be None while the server is still starting (the forwarder listens first, so
+    that a taken port fails before anything starts): a client is then answered 503
+    (``SERVER_BUSY``, "the environment server is starting", ``Retry-After: 1``) until
+    :meth:`retarget` names the server."""
 
     def __init__(
         self,
-        target: str,
+        target: Optional[str],
         host: str = "127.0.0.1",
         port: int = 8000,
         max_per_client: Optional[int] = None,
@@ -215,19 +228,22 @@ class UnixForwarder(TCPRelay):
         max_local: Optional[int] = None,
     ) -> None:
         super().__init__(host, port, max_per_client, cap_local, max_local)
-        self.target = _strip_unix(target)
+        self.target = _strip_unix(target) if target else None
 
     def retarget(self, target: str) -> None:
         """Send new connections to ``target`` from now on."""
         self.target = _strip_unix(target)
 
     async def relay(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        target = self.target
+        if target is None:
+            await _refuse(client_reader, client_writer, _STARTING)
+            return
         try:
-            server_reader, server_writer = await asyncio.open_unix_connection(self.target, limit=_CHUNK)
+            server_reader, server_writer = await asyncio.open_unix_connection(target, limit=_CHUNK)
         except OSError as exc:
-            logger.warning("cannot reach the environment server at %s: %s", self.target, exc)
-            client_writer.write(_UNAVAILABLE)
-            await client_writer.drain()
+            logger.warning("cannot reach the environment server at %s: %s", target, exc)
+            await _refuse(client_reader, client_writer, _UNREACHABLE)
             return
         await splice(client_reader, client_writer, server_reader, server_writer)
 

@@ -68,6 +68,7 @@ from urllib.parse import parse_qs, urlsplit
 import h11
 
 from ...env_server import auth
+from ...env_server.access_log import POLL_TARGET
 from ...env_server.limits import BUDGET_EXEMPT_BYTES, InFlightBudget
 from ...env_server.settings import ServerLimits
 from ...utils import is_loopback_ip, within
@@ -458,7 +459,8 @@ class Front(TCPRelay):
         await asyncio.gather(*(self._ask(w) for w in self.workers.values() if w.up))
 
     async def _ask(self, worker: Worker) -> None:
-        request = b"GET %s HTTP/1.1\r\nhost: worker\r\nconnection: close\r\n" % CAPACITY_PATH.encode()
+        # POLL_TARGET: the workers keep these polls, once a second each, out of their access logs
+        request = b"GET %s HTTP/1.1\r\nhost: worker\r\nconnection: close\r\n" % POLL_TARGET.encode()
         if self.token is not None:
             request += b"authorization: Bearer " + self.token + b"\r\n"
         try:
