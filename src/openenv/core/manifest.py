@@ -18,7 +18,9 @@ class ManifestError(ValueError):
 class EnvManifest:
     """What ``openenv.yaml`` says about an environment package.
 
-    ``app`` is the ASGI app to serve, importable with the package directory on ``sys.path``.
+    ``app`` is the ASGI app to serve: a module inside the package directory (``server.app:app``)
+    or one through the package's own name (``<pkg>.server.app:app``, ``envs.<pkg>.server.app:app``);
+    :mod:`openenv.core.containers.runtime._app_import` says how each is imported.
     """
 
     path: Path

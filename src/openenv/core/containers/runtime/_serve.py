@@ -44,6 +44,7 @@ from typing import Any, Dict, List, Optional
 from openenv.core.tools import broker
 
 from . import _linux
+from ._app_import import import_app
 from .isolation import Limits
 
 # Framework modules the warden imports once, so that forked servers only import the package.
@@ -70,14 +71,8 @@ MAX_CONFIG_BYTES = 4 * 1024 * 1024  # a forked server's environment variables
 
 
 def _import_app(app_path: str, project_dir: Optional[str]) -> Any:
-    if project_dir and project_dir not in sys.path:
-        sys.path.insert(0, project_dir)
-    module_name, _, attribute = app_path.partition(":")
-    module = importlib.import_module(module_name)
-    app = module
-    for part in attribute.split("."):
-        app = getattr(app, part)
-    return app
+    """The package's app: see :mod:`._app_import` for how its path is read."""
+    return import_app(app_path, project_dir)
 
 
 def _warm_up(app: Any) -> None:

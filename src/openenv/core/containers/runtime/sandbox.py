@@ -40,6 +40,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ...manifest import EnvManifest
 from . import seccomp
+from ._app_import import unreadable_message
 from .isolation import (
     BwrapCommand,
     Cgroup,
@@ -402,6 +403,16 @@ def shutdown_sandboxes() -> None:
 atexit.register(shutdown_sandboxes)
 
 
+def _check_readable_by_others(project_dir: str) -> None:
+    """As root, a sandboxed server runs as a fresh uid (in no group): only "others" bits let it read
+    its package. Said here, before any sandbox starts, rather than as "No module named 'server'"."""
+    if not privileged():
+        return  # the server keeps this user's uid (mapped in its user namespace)
+    info = os.stat(project_dir)
+    if info.st_mode & (stat.S_IROTH | stat.S_IXOTH) != stat.S_IROTH | stat.S_IXOTH:
+        raise IsolationError(unreadable_message(project_dir, info, project_dir))
+
+
 class SandboxProvider(RuntimeProvider):
     """Serve an environment package in a sandbox; ``start()`` returns ``unix:///.../env.sock``.
 
@@ -460,6 +471,7 @@ class SandboxProvider(RuntimeProvider):
             ok, why = seccomp.available()
             if not ok:
                 raise IsolationError(why)
+            _check_readable_by_others(self.project_dir)
         self._server_id: Optional[str] = None
         self._zygote: Optional[_Zygote] = None
         self._process: Optional[subprocess.Popen] = None
