@@ -154,6 +154,78 @@ async def test_generic_client_speaks_dicts(counter_server):
     assert repr(GenericAction(delta=4)) == "GenericAction(delta=4)"
 
 
+async def test_generic_client_connects_when_its_context_is_entered():
+    """``async with`` (and ``with``) opens the session before any call, as upstream's does."""
+    with serve(counter_app()) as server:
+        manager = server.server.config.app.state.openenv_server.manager
+        async with GenericEnvClient(base_url=server.base_url) as env:
+            assert env._ws is not None
+            await until(lambda: manager.active_sessions == 1)  # no call made: the socket's session
+        await until(lambda: manager.active_sessions == 0)
+        with GenericEnvClient(base_url=server.base_url) as blocking:
+            assert blocking._ws is not None
+            await until(lambda: manager.active_sessions == 1)
+        await until(lambda: manager.active_sessions == 0)
+
+
+_LEFT_OPEN = {
+    "a sync client kept to the end": """
+env = EchoEnv(base_url=URL).sync()
+env.reset(); env.call_tool("echo_message", message="hi")
+""",
+    "a sync client dropped in a function": """
+def episode():
+    env = EchoEnv(base_url=URL).sync()
+    env.reset(); env.call_tool("echo_message", message="hi")
+episode(); gc.collect()
+""",
+    "an async client on a loop never closed": """
+env = EchoEnv(base_url=URL)
+async def episode():
+    await env.reset(); await env.call_tool("echo_message", message="hi")
+loop = asyncio.new_event_loop()
+loop.run_until_complete(episode())
+""",
+    "an async client whose asyncio.run ended": """
+async def episode():
+    global env
+    env = EchoEnv(base_url=URL)
+    await env.reset(); await env.call_tool("echo_message", message="hi")
+asyncio.run(episode())
+""",
+}
+
+
+@pytest.mark.parametrize("case", sorted(_LEFT_OPEN))
+def test_a_client_never_closed_leaves_nothing_on_stderr_at_exit(case):
+    """Before: "Task was destroyed but it is pending! ... keepalive" at interpreter exit."""
+    import subprocess
+    import sys
+
+    from echo_env.server.app import app
+
+    with serve(app) as server:
+        script = "import asyncio, gc\nfrom echo_env import EchoEnv\n"
+        script += f"URL = {server.base_url!r}\n" + _LEFT_OPEN[case]
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+        assert (done.returncode, done.stderr) == (0, ""), case
+
+
+async def test_a_client_left_open_at_exit_ends_its_session_then():
+    """Closed at exit, the session ends at once instead of waiting out the resume grace period."""
+    import subprocess
+    import sys
+
+    with serve(counter_app()) as server:
+        manager = server.server.config.app.state.openenv_server.manager
+        assert manager.resume_grace_s == 60
+        script = "from openenv.core.generic_client import GenericEnvClient\n"
+        script += f"env = GenericEnvClient(base_url={server.base_url!r}).sync()\nenv.reset()\n"
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        await until(lambda: manager.active_sessions == 0)
+
+
 async def test_new_session_is_independent_and_closed_with_its_parent():
     with serve(counter_app()) as server:
         app_server = server.server.config.app.state.openenv_server

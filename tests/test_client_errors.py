@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pickle
 import socket
+import time
 
 import pytest
 from echo_env import EchoEnv
@@ -40,6 +41,56 @@ async def test_a_refused_mcp_session_says_the_same_for_the_mcp_route():
     assert str(failed.value) == (f"Could not create an MCP session: no server answers at {url}/mcp (is it running?)"), (
         failed.value
     )
+
+
+def _unresolvable_host() -> str:
+    """A host name no resolver knows (RFC 6761 reserves ``.invalid``); skips the test where no
+    resolver answers at all (then a lookup fails with EAI_AGAIN, which is worth a retry)."""
+    host = "no-such-host.invalid"
+    try:
+        socket.getaddrinfo(host, 80)
+    except socket.gaierror as exc:
+        if exc.errno == socket.EAI_AGAIN:
+            pytest.skip("no name server answers here: a failed lookup could pass, so it is retried")
+        return host
+    pytest.skip(f"{host} resolves here")
+
+
+CLIENTS = {"GenericEnvClient": GenericEnvClient, "EchoEnv (MCP)": EchoEnv}
+
+
+async def _connect_failure(cls, url: str) -> ConnectionError:
+    """Connect with the default reconnect_timeout_s (30 s); the failure must come well before it."""
+    started = time.monotonic()
+    with pytest.raises(ConnectionError) as failed:
+        async with cls(base_url=url) as env:
+            await env.reset()
+    assert time.monotonic() - started < 5, f"{cls.__name__} took {time.monotonic() - started:.1f} s to fail on {url}"
+    return failed.value
+
+
+@pytest.mark.parametrize("client", sorted(CLIENTS))
+async def test_a_host_that_does_not_resolve_fails_at_once_naming_it(client):
+    host = _unresolvable_host()
+    text = str(await _connect_failure(CLIENTS[client], f"http://{host}:8000"))
+    assert f"annot resolve the host name {host!r} of " in text and f"{host}:8000/" in text, text
+    assert "check the URL" in text, text
+
+
+@pytest.mark.parametrize("client", sorted(CLIENTS))
+async def test_https_against_a_plain_server_fails_at_once_saying_so(client):
+    with serve(counter_app()) as server:
+        url = f"https://127.0.0.1:{server.port}"
+        text = str(await _connect_failure(CLIENTS[client], url))
+    assert "TLS handshake with " in text and f"127.0.0.1:{server.port}/" in text, text
+    assert "if the server there speaks plain HTTP, use http:// (not https://)" in text, text
+
+
+@pytest.mark.parametrize("client", sorted(CLIENTS))
+async def test_a_refused_first_connection_fails_at_once(client):
+    url = f"http://127.0.0.1:{_closed_port()}"
+    text = str(await _connect_failure(CLIENTS[client], url))
+    assert "no server answers at " in text.lower() and url.split("://")[1] in text, text
 
 
 async def test_a_missing_unix_socket_keeps_its_path_in_the_message(tmp_path):

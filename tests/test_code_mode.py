@@ -73,6 +73,8 @@ def plain_exec(code: str, callables: dict) -> dict:
     scope: dict = {}
     try:
         exec(code, dict(callables), scope)
+    except SyntaxError as exc:
+        return {"error": f"Syntax error: {exc}"}
     except Exception as exc:
         return {"error": str(exc)}
     return {"result": scope.get("result")}
@@ -115,6 +117,15 @@ def test_code_mode_gives_what_upstreams_exec_gives(env, case):
     observation = env.execute_code(code)
     assert observation.done is False and observation.reward == 0.0
     assert observation.metadata == plain_exec(code, env.get_callables()), case
+
+
+def test_a_syntax_error_says_it_is_one(env):
+    """Python's own text for a syntax error (\"'(' was never closed\") does not name its kind."""
+    observation = env.execute_code("result = (")
+    assert observation.metadata["error"].startswith("Syntax error: ")
+    assert "was never closed" in observation.metadata["error"]
+    indented = env.execute_code("  result = 1")
+    assert indented.metadata["error"].startswith("Syntax error: unexpected indent")
 
 
 class ContextToolEnv(ToolsOnlyEnv):

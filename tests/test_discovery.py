@@ -1,10 +1,11 @@
-"""How discovery finds a package's client class: the manifest's ``client``, else ``<Key>Env`` in any case."""
+"""How discovery finds a package's client class (the manifest's ``client``, else ``<Key>Env`` in
+any case), what a name that finds nothing is told, and ``AutoEnv.from_env(skip_install=True)``."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 
@@ -91,3 +92,88 @@ def test_a_hub_ids_classes_are_told_plainly_that_they_need_its_package() -> None
     assert "envs/absent" not in text
     assert AutoAction.from_env("meta-pytorch/echo_env").__name__ == "CallToolAction"  # installed here: its class
     assert "pip install git+https://huggingface.co/spaces/meta-pytorch/absent_env" in text
+
+
+# --- AutoEnv with skip_install: no package code, a GenericEnvClient -------------------------------
+
+
+def test_skip_install_for_a_local_environment_without_an_image_is_a_value_error() -> None:
+    from openenv import AutoEnv
+
+    with pytest.raises(ValueError) as refused:
+        AutoEnv.from_env("echo", skip_install=True)
+    text = str(refused.value)
+    assert text.startswith("Cannot use skip_install=True for local environment 'echo' without providing"), text
+    assert "base_url" in text and "docker_image" in text
+
+
+class _Container:
+    """What the Docker SDK's container object answers, for a container whose server is a real
+    one (``BackgroundServer``) on 127.0.0.1."""
+
+    def __init__(self, server: Any, name: str) -> None:
+        self.server, self.name, self.id = server, name, name
+        self.status = "running"
+        self.attrs: Dict[str, Any] = {}
+
+    def reload(self) -> None:
+        ports = {"8000/tcp": [{"HostIp": "127.0.0.1", "HostPort": str(self.server.port)}]}
+        self.attrs = {"NetworkSettings": {"Ports": ports}, "State": {"Status": self.status, "ExitCode": 0}}
+
+    def logs(self, **options: Any) -> Iterator[bytes]:
+        return iter(())
+
+    def stop(self, timeout: int = 10) -> None:
+        self.server.stop()
+        self.status = "exited"
+
+    def remove(self, force: bool = False) -> None:
+        self.status = "removed"
+
+
+class _DockerEngine:
+    """Stands in for the Docker engine (``docker.DockerClient``), which cannot run where this suite
+    must pass: ``containers.run`` starts the image's server for real, on 127.0.0.1. Everything else
+    (the provider, the client, the server) is the real thing."""
+
+    def __init__(self, images: Dict[str, Any]) -> None:
+        self.images = images
+        self.runs: List[Tuple[str, Dict[str, Any]]] = []
+        self.started: Dict[str, _Container] = {}
+        self.containers = self
+
+    def run(self, image: str, **options: Any) -> _Container:
+        from openenv.core.env_server.runner import BackgroundServer
+
+        self.runs.append((image, options))
+        container = _Container(BackgroundServer(self.images[image]).start(), options["name"])
+        self.started[container.id] = container
+        return container
+
+    def get(self, key: str) -> _Container:
+        return self.started[key]
+
+    def close(self) -> None:
+        pass
+
+
+async def test_skip_install_with_a_docker_image_gives_a_generic_client_of_that_container() -> None:
+    pytest.importorskip("docker", reason="the docker SDK is not installed: pip install 'openenv[docker]'")
+    from echo_env.server.app import app
+
+    from openenv import AutoEnv
+    from openenv.core.containers.runtime.docker import LocalDockerProvider
+    from openenv.core.generic_client import GenericEnvClient
+
+    engine = _DockerEngine({"echo-env:latest": app})
+    provider = LocalDockerProvider(client=engine)
+    env = AutoEnv.from_env("echo", skip_install=True, docker_image="echo-env:latest", container_provider=provider)
+    assert type(env) is GenericEnvClient
+    assert engine.runs == []  # the container starts when the client connects
+    async with env:
+        await env.reset()
+        step = await env.step({"type": "call_tool", "tool_name": "echo_message", "arguments": {"message": "hi"}})
+        assert step.observation["result"]["data"] == "hi"  # plain dicts: no package class was used
+    ((image, options),) = engine.runs
+    assert image == "echo-env:latest" and options["ports"] == {"8000/tcp": ("127.0.0.1", None)}
+    assert [c.status for c in engine.started.values()] == ["removed"]  # stopped with the client

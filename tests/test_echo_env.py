@@ -83,7 +83,7 @@ def test_environment_used_in_process():
     env = EchoEnvironment()
     assert env.reset().echoed_message == "Echo environment ready!"
     observation = env.step(CallToolAction(tool_name="echo_message", arguments={"message": "hi"}))
-    assert observation.result["data"] == "hi"
+    assert observation.result.data == "hi"  # FastMCP's CallToolResult, as in OpenEnv 0.10
     assert observation.reward == pytest.approx(0.2)
     assert env.state.step_count == 1
     from openenv.core.env_server.types import Action

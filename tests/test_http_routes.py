@@ -196,7 +196,7 @@ def test_task_api_errors(http):
 
 
 def test_an_instance_is_refused_with_advice():
-    with pytest.raises(TypeError, match="pass CounterEnv itself"):
+    with pytest.raises(TypeError, match=r"^env must be a callable .* not an instance \(e\.g\., CounterEnv\(\)\)"):
         HTTPEnvServer(CounterEnv(), CounterAction, CounterObservation)
 
 

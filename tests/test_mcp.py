@@ -8,6 +8,7 @@ import json
 import httpx
 import pytest
 from fastmcp import FastMCP
+from fastmcp.client.client import CallToolResult
 from websockets.asyncio.client import connect
 
 from openenv.core.env_server.http_server import create_app
@@ -63,10 +64,47 @@ def test_sync_step_lists_and_calls_tools():
     result = env.step(CallToolAction(tool_name="add", arguments={"a": 2, "b": 5}))
     assert isinstance(result, CallToolObservation)
     assert result.error is None
-    assert result.result["data"] == 7
-    assert result.result["structured_content"] == {"result": 7}
-    assert result.result["content"] == [{"type": "text", "text": "7"}]
-    assert result.result["is_error"] is False
+    assert result.result.data == 7  # FastMCP's CallToolResult, as in OpenEnv 0.10 (a client gets the value)
+    sent = result.model_dump()["result"]  # the wire keeps OpenEnv 0.10's whole result object
+    assert sent["data"] == 7
+    assert sent["structured_content"] == {"result": 7}
+    assert sent["content"] == [{"type": "text", "text": "7"}]
+    assert sent["is_error"] is False
+
+
+async def test_a_tool_calls_result_in_process_through_our_client_and_in_the_frame(tool_server):
+    """In process ``observation.result`` is FastMCP's CallToolResult, as OpenEnv 0.10's (upstream
+    packages' tests read ``result.data``); our client gives the tool's value; the frame on the wire
+    (what upstream's clients read) carries OpenEnv 0.10's whole result object."""
+    from openenv.core.mcp_client import MCPToolClient
+
+    call = CallToolAction(tool_name="add", arguments={"a": 2, "b": 5})
+    in_process = ToolEnv().step(call)
+    async with MCPToolClient(base_url=tool_server.base_url) as client:
+        await client.reset()
+        through_our_client = (await client.step(call)).observation
+    async with connect(tool_server.base_url.replace("http://", "ws://") + "/ws") as ws:
+        await ws.send(json.dumps({"type": "reset", "data": {}}))
+        await ws.recv()
+        await ws.send(json.dumps({"type": "step", "data": call.model_dump()}))
+        frame = json.loads(await ws.recv())["data"]["observation"]
+    assert isinstance(in_process.result, CallToolResult)
+    assert in_process.result.data == through_our_client.result == frame["result"]["data"] == 7
+    assert in_process.result.content[0].text == "7" and in_process.result.is_error is False
+    assert frame["result"]["structured_content"] == {"result": 7} and frame["result"]["is_error"] is False
+    assert in_process.model_dump()["result"] == frame["result"]  # what the server sends of it
+
+
+def test_a_result_the_environment_replaces_is_sent_as_it_set_it():
+    class Rounded(ToolEnv):
+        async def _after_mcp_action(self, action, observation):
+            if isinstance(observation, CallToolObservation) and observation.error is None:
+                observation.result = {"rounded": observation.result.data}
+            return await super()._after_mcp_action(action, observation)
+
+    observation = Rounded().step(CallToolAction(tool_name="add", arguments={"a": 1}))
+    assert observation.result == {"rounded": 3}
+    assert observation.model_dump()["result"] == {"rounded": 3}
 
 
 async def test_async_step_maps_failures_to_tool_error_types():
@@ -119,7 +157,7 @@ def test_mode_tools_are_offered_only_in_their_mode():
     assert "peek" not in [t.name for t in env.step(ListToolsAction()).tools]
     env._mode = "simulation"
     assert "peek" in [t.name for t in env.step(ListToolsAction()).tools]
-    assert env.step(CallToolAction(tool_name="peek")).result["data"] == 0
+    assert env.step(CallToolAction(tool_name="peek")).result.data == 0
     env._mode = "production"
     assert env.step(CallToolAction(tool_name="peek")).error.error_type is ToolErrorType.TOOL_NOT_FOUND
 
@@ -140,7 +178,7 @@ def test_a_tool_declared_in_both_modes_under_one_name_runs_the_one_of_the_curren
     env = TwoModes()
     for mode in ("production", "simulation", "production"):
         env._mode = mode
-        assert env.step(CallToolAction(tool_name="source")).result["data"] == mode
+        assert env.step(CallToolAction(tool_name="source")).result.data == mode
 
 
 class ModeTools(ToolsOnlyEnv):
@@ -196,6 +234,48 @@ def test_mcp_clients_refuse_simulation_mode_as_upstreams_do(monkeypatch):
     assert MCPToolClient(base_url="http://127.0.0.1:9", mode="PRODUCTION").mode == "production"
     monkeypatch.setenv("OPENENV_CLIENT_MODE", "simulation")  # meant for other clients: MCP ones stay production
     assert MCPToolClient(base_url="http://127.0.0.1:9").mode == "production"
+
+
+async def test_use_production_mode_says_whether_tool_calls_are_steps():
+    """Upstream's switch: on (the default), tools are reached directly on the HTTP-created
+    session and are no steps; off, the client owns a plain /ws session and ``list_tools`` /
+    ``call_tool`` go through ``step``, each counted (echo_env counts every MCP action)."""
+    from echo_env.server.app import app
+
+    from openenv.core.client_errors import ToolCallError
+    from openenv.core.mcp_client import MCPToolClient
+
+    manager = app.state.openenv_server.manager
+    with serve(app) as server:
+        direct = MCPToolClient(base_url=server.base_url)
+        assert direct.use_production_mode is True
+        async with direct:
+            await direct.reset()
+            assert direct.session_id is not None  # created over HTTP, the WebSocket attached to it
+            assert [t.name for t in await direct.list_tools()] == ["echo_message", "echo_with_length"]
+            assert await direct.call_tool("echo_message", message="hi") == "hi"
+            assert (await direct.state()).step_count == 0
+        stepping = MCPToolClient(base_url=server.base_url)
+        stepping.use_production_mode = False
+        async with stepping:
+            await stepping.reset()
+            assert stepping.session_id is None  # no HTTP session: the WebSocket made its own
+            assert [t.name for t in await stepping.list_tools()] == ["echo_message", "echo_with_length"]
+            assert await stepping.call_tool("echo_message", message="hi") == "hi"
+            with pytest.raises(ToolCallError, match=r"Tool 'nope' failed: .*\(type: tool_not_found\)"):
+                await stepping.call_tool("nope")
+            assert (await stepping.state()).step_count == 3
+        await until(lambda: manager.active_sessions == 0)
+
+
+def test_the_mode_parameter_is_documented_with_its_values():
+    from openenv.core.env_client import EnvClient
+    from openenv.core.mcp_client import MCPClientBase
+
+    for documented in (EnvClient.__doc__, MCPClientBase.__doc__, MCPEnvironment.tool.__doc__):
+        assert "``mode``" in documented and '"production"' in documented and '"simulation"' in documented
+    assert "OPENENV_CLIENT_MODE" in EnvClient.__doc__
+    assert "use_production_mode" in MCPClientBase.__doc__
 
 
 async def test_a_simulation_client_drives_mcp_tools_through_step():
@@ -751,7 +831,7 @@ async def test_environments_built_on_one_server_share_its_tool_index_but_not_the
     for env in (first, second):
         env.reset()
     result = await first.step_async(CallToolAction(tool_name="double", arguments={"x": 4}))
-    assert result.result["data"] == 8
+    assert result.result.data == 8
     await first.step_async(CallToolAction(tool_name="double", arguments={"x": 1}))
     result = await second.step_async(CallToolAction(tool_name="double", arguments={"x": "nope"}))
     assert result.error is not None and result.error.error_type.value == "invalid_args"

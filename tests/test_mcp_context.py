@@ -143,7 +143,7 @@ async def test_mcp_frames_on_ws_and_the_production_client_share_the_sessions_sta
 def test_sync_step_opens_and_closes_a_connection_per_call():
     """Each sync ``step`` runs on a loop of its own (as upstream's does), so its state is the call's."""
     env = ContextEnv()
-    assert [env.step(CallToolAction(tool_name="bump")).result["data"] for _ in range(2)] == [1, 1]
+    assert [env.step(CallToolAction(tool_name="bump")).result.data for _ in range(2)] == [1, 1]
     assert env._connection is None
     env.close()
 
@@ -151,7 +151,7 @@ def test_sync_step_opens_and_closes_a_connection_per_call():
 async def test_direct_use_keeps_state_on_one_loop_and_in_mcp_session():
     env = ContextEnv()
     results = [await env.step_async(CallToolAction(tool_name="bump")) for _ in range(2)]
-    assert [r.result["data"] for r in results] == [1, 2]
+    assert [r.result.data for r in results] == [1, 2]
     async with env.mcp_session() as client:  # the public client keeps one session while open
         assert [(await client.call_tool("bump")).data for _ in range(2)] == [1, 2]
     env.close()

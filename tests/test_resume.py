@@ -114,26 +114,34 @@ async def test_a_client_that_closes_while_its_call_runs_ends_the_session_at_once
         await until(lambda: manager.active_sessions == 0)  # (not the 60 s of a grace period)
 
 
-async def test_a_server_restarted_mid_episode_loses_the_session_and_says_why():
+@pytest.mark.parametrize("how", ["stopped", "crashed"])
+async def test_a_server_restarted_mid_episode_loses_the_session_and_says_why(how):
+    """Stopped on purpose, the server says so as it closes the connection (tests/test_server_stop.py):
+    the client fails without a resume. Gone without a word (its connections cut, as by a crash),
+    the client resumes, and the new server's refusal says the session is not there."""
     app = counter_app()
     first = BackgroundServer(app).start()
     port = first.port
-    client = GenericEnvClient(base_url=first.base_url, reconnect_timeout_s=5)
-    try:
-        await client.reset()
-        await client.step({"delta": 1})
-        first.stop()
-        second = BackgroundServer(counter_app(), port=port).start()
+    with FaultProxy(port) as proxy:
+        client = GenericEnvClient(base_url=proxy.base_url, reconnect_timeout_s=5)
         try:
-            with pytest.raises(SessionLostError, match=r"not on this server.*restarted"):
-                await client.step({"delta": 1})
-            await run_episode(client, 3)  # reset() starts a new episode on the new server
+            await client.reset()
+            await client.step({"delta": 1})
+            if how == "crashed":
+                assert proxy.fault("reset")  # no close frame reaches the client
+            first.stop()
+            second = BackgroundServer(counter_app(), port=port).start()
+            try:
+                expected = r"was stopped.*code 10(01|12)" if how == "stopped" else r"not on this server.*restarted"
+                with pytest.raises(SessionLostError, match=expected):
+                    await client.step({"delta": 1})
+                await run_episode(client, 3)  # reset() starts a new episode on the new server
+            finally:
+                await client.close()
+                await until(lambda: manager_of(second).active_sessions == 0)
+                second.stop()
         finally:
-            await client.close()
-            await until(lambda: manager_of(second).active_sessions == 0)
-            second.stop()
-    finally:
-        first.stop()
+            first.stop()
 
 
 async def test_a_session_not_resumed_within_its_grace_period_is_closed_and_the_client_told():

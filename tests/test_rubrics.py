@@ -745,6 +745,28 @@ def test_a_custom_pattern_takes_its_first_match() -> None:
     assert custom.parse_score("Score: 1") is None
 
 
+def test_without_normalize_or_a_range_the_number_read_is_the_score() -> None:
+    """As upstream's LLMJudge(normalize=False): no scale to clamp to, so 7 stays 7."""
+    raw = judge(normalize=False)
+    assert [raw.parse_score(r) for r in ("Score: 7", "<score>42</score>", "I'd say 3.5", "8/10")] == [
+        7.0,
+        42.0,
+        3.5,
+        pytest.approx(0.8),
+    ]
+    assert raw.parse_score("score: -3") == -3.0
+    assert raw.state_dict()["score_range"] is None
+
+
+def test_a_custom_pattern_without_normalize_keeps_its_number() -> None:
+    custom = judge(score_pattern=r"VERDICT=(\d+)", normalize=False)
+    assert custom.parse_score("VERDICT=85 then Score: 1") == 85.0
+    assert custom.parse_score("Score: 1") is None  # nothing else is tried
+    either = judge(score_pattern=r"score=(\d+)|rating=(\d+)", normalize=False)
+    assert either.parse_score("rating=7") == 7.0  # the group that took part in the match
+    assert judge(score_pattern=r"score=(\d+)|rating=(\d+)").parse_score("rating=7") == 1.0  # normalized: clamped
+
+
 def test_nothing_in_range_parses_to_none() -> None:
     assert judge().parse_score("I cannot judge this.") is None
     assert judge().parse_score("There are 12 issues in 40 lines") is None
@@ -807,6 +829,14 @@ async def test_judge_asks_the_model_and_scores_its_reply(llm: FakeLLM) -> None:
         None,
         pytest.approx(0.6),
     )
+
+
+async def test_a_judge_without_normalize_scores_what_the_model_says(llm: FakeLLM) -> None:
+    llm.script("Solid work. SCORE=8.5 (of 10)", "Meh. Score: 4")
+    client = OpenAIClient(llm.base_url, None, "judge")
+    custom = LLMJudge("{action}", client, score_pattern=r"SCORE=([\d.]+)", normalize=False)
+    assert await custom(ACTION, obs()) == 8.5
+    assert await LLMJudge("{action}", client, normalize=False)(ACTION, obs()) == 4.0
 
 
 async def test_an_unparseable_reply_gives_the_default_and_is_recorded(llm: FakeLLM) -> None:

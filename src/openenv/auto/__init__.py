@@ -63,6 +63,12 @@ class AutoEnv:
         package is fetched and served in the sandbox, only with ``trust_remote_code=True`` or
         ``OPENENV_TRUST_REMOTE_CODE=1`` (a :class:`~openenv.auto.hub.RemoteCodeNotTrusted`
         error says so otherwise). Nothing is pip-installed.
+
+        ``skip_install=True`` returns a :class:`~openenv.core.generic_client.GenericEnvClient`
+        (dicts in, dicts out) and uses no package code, as upstream's: for ``base_url``, for a
+        Space, or for a local environment's ``docker_image`` (its container starts when the
+        client connects). A local environment with neither is a ``ValueError``: without its
+        package there is nothing to run.
         """
         from . import hub
 
@@ -72,9 +78,24 @@ class AutoEnv:
             return GenericEnvClient(base_url=base_url, **kwargs)
         if env_vars:
             kwargs["env_vars"] = env_vars
+        if skip_install and not hub.is_hub_id(name):
+            from ..core.generic_client import GenericEnvClient
+
+            if docker_image is None:
+                raise ValueError(
+                    f"Cannot use skip_install=True for local environment '{name}' without providing "
+                    "base_url or docker_image: pass base_url= (a running server) or docker_image= (an "
+                    "image of it to start), or drop skip_install to use its installed package"
+                )
+            return GenericEnvClient.from_docker_image(docker_image, provider=container_provider, **kwargs)
         if hub.is_hub_id(name) and base_url is None:
             if docker_image is not None or container_provider is not None:
-                client_cls = hub.client_class(hub.repo_id_of(name).split("/")[1], None)
+                if skip_install:
+                    from ..core.generic_client import GenericEnvClient
+
+                    client_cls: Any = GenericEnvClient
+                else:
+                    client_cls = hub.client_class(hub.repo_id_of(name).split("/")[1], None)
                 if docker_image is not None:
                     return client_cls.from_docker_image(docker_image, provider=container_provider, **kwargs)
                 return client_cls.from_env(name, provider=container_provider, use_docker=True, **kwargs)

@@ -22,6 +22,7 @@ _EXPORTS.update(
         "ServerError": ".client_errors",
         "AuthenticationError": ".client_errors",
         "SessionLostError": ".client_errors",
+        "ServerStoppedError": ".client_errors",
         "ToolCallError": ".client_errors",
         "LLMClient": ".llm_client",
         "LLMResponse": ".llm_client",

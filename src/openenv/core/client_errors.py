@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import errno
 import json
+import socket
+import ssl
 from typing import Any, Dict, Optional, Type
+from urllib.parse import urlsplit
 
 
 class EnvClientError(RuntimeError):
@@ -134,6 +137,12 @@ class SessionLostError(EnvClientError):
     """
 
 
+class ServerStoppedError(SessionLostError):
+    """The server closed the connection because it stopped on purpose (Ctrl-C on ``openenv
+    serve``, its ASGI server shutting down): its sessions ended with it, so the client does not
+    try to resume. ``reset()`` starts a new episode once a server runs there again."""
+
+
 class AuthenticationError(ConnectionError):
     """The server refused the connection for want of a valid token (HTTP 401 or 403 during the
     WebSocket handshake). A ``ConnectionError``, as every failure to connect is; send the token
@@ -184,7 +193,20 @@ def connect_failure(exc: BaseException, url: str, uds: Optional[str] = None, doi
         return refused
     status = getattr(getattr(exc, "response", None), "status_code", None)
     cause = _errno_of(exc)
-    if cause in (errno.ENOENT, errno.ENOTDIR) and uds:
+    unresolved = _cause_of(exc, socket.gaierror)
+    tls = _cause_of(exc, ssl.SSLError)
+    if unresolved is not None:
+        host = urlsplit(url).hostname or url
+        text = f"cannot resolve the host name {host!r} of {where} ({unresolved.strerror or unresolved}): check the URL"
+    elif isinstance(tls, ssl.SSLCertVerificationError):
+        text = f"the TLS certificate of {where} could not be verified ({tls.verify_message or tls.reason or tls})"
+    elif tls is not None:
+        why = str(tls.reason).lower().replace("_", " ") if tls.reason else str(tls)
+        text = (
+            f"the TLS handshake with {where} failed ({why}): if the server there speaks plain HTTP, "
+            "use http:// (not https://)"
+        )
+    elif cause in (errno.ENOENT, errno.ENOTDIR) and uds:
         text = f"no server socket at {uds} (is the server running? is that its socket?)"
     elif cause in (errno.ECONNREFUSED, errno.ECONNRESET) or (cause is None and _says_refused(exc)):
         text = f"no server answers at {where} (is it running?)"
@@ -199,6 +221,28 @@ def connect_failure(exc: BaseException, url: str, uds: Optional[str] = None, doi
         text = f"failed to connect to {where}: {type(exc).__name__}" + (f": {exc}" if str(exc) else "")
     text = f"{doing}: {text}" if doing else text
     return ConnectionError(text[:1].upper() + text[1:])
+
+
+def permanent_connect_failure(exc: BaseException) -> bool:
+    """Whether a failed connection attempt would fail again at once if retried: no server
+    listening (refused, no socket file), a host name that does not resolve, a TLS mismatch or
+    certificate failure. Waiting changes none of these; a name server that does not answer
+    (``EAI_AGAIN``), a connection reset or cut short, a timeout may pass."""
+    if _cause_of(exc, (ConnectionRefusedError, FileNotFoundError, ssl.SSLError)) is not None:
+        return True
+    unresolved = _cause_of(exc, socket.gaierror)
+    return unresolved is not None and unresolved.errno != socket.EAI_AGAIN
+
+
+def _cause_of(exc: BaseException, kinds: Any) -> Any:
+    """``exc`` or the first exception it was raised from (or during) that is one of ``kinds``."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, kinds):
+            return exc
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+        seen += 1
+    return None
 
 
 def _errno_of(exc: BaseException) -> Optional[int]:

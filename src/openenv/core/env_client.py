@@ -25,18 +25,28 @@ connection ends the episode with :class:`SessionLostError`, as OpenEnv 0.10's cl
 from __future__ import annotations
 
 import asyncio
+import atexit
 import inspect
 import json
 import logging
 import random
 import threading
+import time
+import weakref
 from abc import ABC, abstractmethod
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Generic, List, Optional, Tuple, TypeVar
 
-from .client_errors import EnvClientError, SessionLostError, connect_failure, error_from_frame
+from .client_errors import EnvClientError, ServerStoppedError, SessionLostError, connect_failure, error_from_frame
 from .client_types import StepResult
-from .env_server.resume import RESUME_HEADER, SEQ_KEY, SESSION_HEADER, TOKEN_HEADER
+from .env_server.resume import (
+    RESUME_HEADER,
+    SEQ_KEY,
+    SESSION_HEADER,
+    STOPPING_CLOSE_CODE,
+    STOPPING_REASON,
+    TOKEN_HEADER,
+)
 from .utils import Endpoint, check_unix_socket, parse_endpoint, timeout_after, within
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -103,7 +113,22 @@ def _resolve_mode(mode: Optional[str]) -> str:
 
 
 class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
-    """Async client of one environment session (see the module docstring)."""
+    """Async client of one environment session (see the module docstring).
+
+    ``base_url`` is the server (``http(s)://host:port`` or ``unix:///path``), or ``provider``
+    starts one when the client connects. ``connect_timeout_s`` bounds each connection attempt,
+    ``message_timeout_s`` each reply; ``max_message_size_mb`` is the largest message accepted;
+    the WebSocket pings every ``websocket_ping_interval_s`` and gives up on a link silent for
+    ``websocket_ping_timeout_s`` (None turns either off). ``headers`` go with every handshake
+    (``{"Authorization": "Bearer <token>"}``). A dropped connection is resumed for up to
+    ``reconnect_timeout_s`` (0: never) against a server that offers it.
+
+    ``mode`` is ``"simulation"`` or ``"production"`` (not case-sensitive; anything else is a
+    ``ValueError``); when not given, ``OPENENV_CLIENT_MODE`` decides, else ``"simulation"``. It is
+    fixed for the client's life (``client.mode``). As in OpenEnv 0.10 it changes nothing for this
+    class: subclasses read it (MCP clients accept only ``"production"``, see
+    :class:`~openenv.core.mcp_client.MCPClientBase`).
+    """
 
     def __init__(
         self,
@@ -173,11 +198,35 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
 
     @property
     def mode(self) -> str:
+        """``"simulation"`` or ``"production"``, as resolved at construction (see the class docstring)."""
         return self._mode
 
     @property
     def headers(self) -> Dict[str, str]:
         return dict(self._headers)
+
+    # --- OpenEnv 0.10's private names, which code written for its client reads ------------------
+
+    @property
+    def _base_url(self) -> Optional[str]:
+        """The server's base URL, no trailing slash (None until a provider started it): what
+        upstream's client keeps here and integrations (verifiers' OpenEnv adapter) read."""
+        return self.base_url
+
+    @property
+    def _ws_url(self) -> Optional[str]:
+        """The session WebSocket's URL (``ws(s)://host:port/ws``; None until a provider started
+        the server), as upstream's client keeps it. An MCP client's handshake adds its session
+        id to the query; this stays the plain URL, as upstream's does between connections."""
+        return None if self._endpoint is None else self._endpoint.ws_url + "/ws"
+
+    async def _send_and_receive(self, message: Dict[str, Any]) -> Dict[str, Any]:
+        """Send one frame (a JSON object, e.g. ``{"type": "state"}``) on the session's WebSocket,
+        connecting first if needed, and return the server's reply as a dict; an error frame
+        raises a :class:`~openenv.core.client_errors.ServerError` (a ``RuntimeError`` that reads
+        ``Server error: <message> (code: <code>)``). OpenEnv 0.10's name for this, which clients
+        of upstream packages call for frames of their own."""
+        return await self._request(dict(message), starts_session=message.get("type") == "reset")
 
     # --- dual-mode dispatch -------------------------------------------------------------------
 
@@ -484,6 +533,7 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         if self._io_lock is None or self._ws_loop is not loop:
             self._io_lock = asyncio.Lock()
         self._ws, self._ws_loop = ws, loop
+        _closed_at_exit(self)
         answer = ws.response.headers
         session_id, token = answer.get(SESSION_HEADER), answer.get(TOKEN_HEADER)
         self._resume = (session_id, token) if session_id and token else None
@@ -619,6 +669,13 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
                 "call reset() to start a new episode"
             )
         loop = asyncio.get_running_loop()
+        stopped = None
+        if self._ws is not None and self._ws_loop is loop and not _is_open(self._ws):
+            stopped = _stop_notice(self._ws)
+            if stopped is not None:  # the server said it stops: the session is gone, nothing to resume
+                self._lose_session()
+                if not starts_session:
+                    raise self._server_stopped(stopped)
         resumable = self._resume is not None and self._ws_loop is loop and self._io_lock is not None
         if not starts_session and self._ws is not None and not self._socket_usable(loop) and not resumable:
             # Lost since the last call (server restarted, session reaped, network), or opened on
@@ -636,7 +693,14 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
                 "idle timeout or network); call reset() to start a new episode"
             )
         if not resumable:
-            await self._connect_async()
+            try:
+                await self._connect_async()
+            except ConnectionError as exc:
+                if stopped is None:
+                    raise
+                raise ConnectionError(
+                    f"{exc}; the last connection there ended as the server stopped ({stopped})"
+                ) from exc
         from .env_server.serialization import dumps_json
 
         lock = self._io_lock
@@ -666,10 +730,13 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
                     raise
                 except Exception as exc:
                     pending = await _pending_error(ws) if ws is not None else None
-                    if pending is not None or self._resume is None:
+                    notice = _stop_notice(ws) if ws is not None and pending is None else None
+                    if pending is not None or self._resume is None or notice is not None:
                         self._lose_session()
                         if pending is not None:
                             raise error_from_frame(pending) from exc
+                        if notice is not None:  # (a resume would find no session: fail now)
+                            raise self._server_stopped(notice) from exc
                         raise SessionLostError(f"connection to the server was lost: {exc}") from exc
                     try:
                         await self._resume_socket(exc)
@@ -691,6 +758,12 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         if response.get("type") == "error":
             raise error_from_frame(response.get("data"))
         return response
+
+    def _server_stopped(self, notice: str) -> ServerStoppedError:
+        return ServerStoppedError(
+            f"the server at {self.base_url} was stopped ({notice}), and with it the session of this "
+            "episode; call reset() to start a new episode once a server runs there again"
+        )
 
     def _lose_session(self) -> None:
         if self._state is ClientState.OPEN:  # (not while close() closes the socket under a call)
@@ -743,6 +816,54 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(base_url={self.base_url!r})"
+
+
+_LEFT_OPEN: weakref.WeakSet = weakref.WeakSet()  # clients that opened a connection (see _closed_at_exit)
+_EXIT_CLOSE_S = 3.0
+
+
+def _closed_at_exit(client: EnvClient[Any, Any, Any]) -> None:
+    """Have ``client`` closed at interpreter exit if it is still open then (see :func:`_close_left_open`)."""
+    if not _LEFT_OPEN:
+        atexit.unregister(_close_left_open)  # (registered once, whatever the number of clients)
+        atexit.register(_close_left_open)
+    _LEFT_OPEN.add(client)
+
+
+def _close_left_open() -> None:
+    """Close, at interpreter exit, the clients nobody closed, all within a few seconds. Left to
+    the interpreter, a connection's keepalive task is destroyed pending (Python prints "Task was
+    destroyed but it is pending!") and the server keeps the session for a resume that will not
+    come; closed, the session ends at once. Their event loops still run (a sync client's thread is
+    a daemon, alive until the very end: these closes run there together) or can be run (a loop
+    left unclosed: run here, one after another, within what is left of the time)."""
+    deadline = time.monotonic() + _EXIT_CLOSE_S
+    by_loop: Dict[asyncio.AbstractEventLoop, List[EnvClient[Any, Any, Any]]] = {}
+    for client in list(_LEFT_OPEN):
+        loop = client._ws_loop
+        if client._ws is not None and loop is not None and not loop.is_closed():
+            by_loop.setdefault(loop, []).append(client)
+    running = []
+    for loop, clients in by_loop.items():
+        if loop.is_running():
+            running.append(asyncio.run_coroutine_threadsafe(_close_all(clients), loop))
+    for future in running:
+        try:
+            future.result(max(0.0, deadline - time.monotonic()))
+        except BaseException:  # exiting: nothing more to do for it
+            logger.debug("closing clients at exit failed", exc_info=True)
+    for loop, clients in by_loop.items():
+        left = deadline - time.monotonic()
+        if loop.is_running() or loop.is_closed() or left <= 0:
+            continue
+        try:
+            loop.run_until_complete(within(_close_all(clients), left))
+        except BaseException:
+            logger.debug("closing clients at exit failed", exc_info=True)
+
+
+async def _close_all(clients: List[EnvClient[Any, Any, Any]]) -> None:
+    await asyncio.gather(*(client._close_async() for client in clients), return_exceptions=True)
 
 
 class _Launch:
@@ -838,6 +959,17 @@ async def _send_close(ws: Any) -> None:
     except Exception:
         pass
     await _close_quietly(ws)
+
+
+def _stop_notice(ws: Any) -> Optional[str]:
+    """How the server said, closing ``ws``, that it stops on purpose (its sessions end with it:
+    :data:`~.env_server.resume.STOPPING_CLOSE_CODE`, or uvicorn's 1012); None if it did not."""
+    received = getattr(getattr(ws, "protocol", None), "close_rcvd", None)
+    if received is None:
+        return None
+    if received.code == 1012 or (received.code == STOPPING_CLOSE_CODE and received.reason == STOPPING_REASON):
+        return f"it closed the connection with code {received.code}: {received.reason or 'service restart'}"
+    return None
 
 
 def _closed_by_server(ws: Any) -> bool:

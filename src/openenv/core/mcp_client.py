@@ -3,9 +3,16 @@
 ``MCPToolClient`` keeps OpenEnv 0.10's production handshake: it creates the session over HTTP
 (``POST /mcp`` ``openenv/session/create``) and attaches its WebSocket to it
 (``/ws?session_id=...``), so reset/step/state and tool calls act on one environment instance.
-Tool listings and calls travel as ``{"type": "mcp"}`` frames on that WebSocket. As upstream's,
-MCP clients speak only ``production`` mode: asking one for ``simulation`` is a ``ValueError``
-(a ``GenericEnvClient``, or any ``EnvClient``, drives an environment in simulation mode).
+Tool listings and calls travel as ``{"type": "mcp"}`` frames on that WebSocket: they reach the
+tools directly, as upstream's HTTP ``tools/list`` / ``tools/call`` do, and are no steps of the
+episode (no reward, not counted). With ``use_production_mode = False`` (upstream's switch, set
+on the client before it connects) the client opens a plain ``/ws`` session instead and sends
+``list_tools()`` and ``call_tool()`` through ``step`` (``ListToolsAction`` / ``CallToolAction``):
+each is then a step, rewarded and counted as the environment says.
+
+As upstream's, MCP clients speak only ``production`` mode: asking one for ``simulation`` is a
+``ValueError`` (a ``GenericEnvClient``, or any ``EnvClient``, drives an environment in simulation
+mode).
 """
 
 from __future__ import annotations
@@ -19,7 +26,13 @@ from typing import Any, Dict, List, Optional, Set
 
 from pydantic import ConfigDict
 
-from .client_errors import CapacityReachedError, SessionError, ToolCallError, connect_failure
+from .client_errors import (
+    CapacityReachedError,
+    SessionError,
+    ToolCallError,
+    connect_failure,
+    permanent_connect_failure,
+)
 from .client_types import StepResult
 from .env_client import EnvClient
 from .env_server.mcp_types import (
@@ -29,21 +42,13 @@ from .env_server.mcp_types import (
     ListToolsObservation,
     Tool,
     ToolError,
+    tool_result_value,
 )
 from .env_server.resume import CREATE_KEY_HEADER
 from .env_server.types import Observation, State
 from .utils import Endpoint, check_unix_socket
 
 _CLOSE_RPC_TIMEOUT_S = 5.0
-
-
-def _no_server(exc: BaseException) -> bool:
-    """Whether a connection failed for want of a server (refused, no socket): no second try."""
-    while exc is not None:
-        if isinstance(exc, (ConnectionRefusedError, FileNotFoundError)):
-            return True
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
-    return False
 
 
 """Seconds a session-close request may take (the server answers at once; a hung one is let go)."""
@@ -57,29 +62,6 @@ class GenericMCPObservation(Observation):
     model_config = ConfigDict(extra="allow", validate_assignment=True, arbitrary_types_allowed=True)
 
 
-def tool_result_value(result: Any) -> Any:
-    """The value a tool returned, from OpenEnv's or MCP's ``tools/call`` result shape.
-
-    ``data`` when the server knows it, else the structured content, else the text content;
-    anything that is not a tool-result object is returned as it is.
-    """
-    if not isinstance(result, dict) or "content" not in result or not ({"is_error", "isError", "data"} & result.keys()):
-        return result
-    if result.get("data") is not None:
-        return result["data"]
-    structured = result.get("structured_content", result.get("structuredContent"))
-    if structured is not None:
-        return structured
-    texts = [
-        item.get("text")
-        for item in result.get("content") or ()
-        if isinstance(item, dict) and item.get("type") == "text"
-    ]
-    if len(texts) == 1:
-        return texts[0]
-    return "\n".join(t for t in texts if t) if texts else None
-
-
 def _parse_tool(entry: Dict[str, Any]) -> Tool:
     return Tool(
         name=entry["name"],
@@ -89,7 +71,17 @@ def _parse_tool(entry: Dict[str, Any]) -> Tool:
 
 
 class MCPClientBase(EnvClient[Any, Observation, State]):
-    """Base of MCP environment clients; ``mode`` is ``production`` (the default) or a ``ValueError``."""
+    """Base of MCP environment clients (see the module docstring).
+
+    The arguments are :class:`~openenv.core.env_client.EnvClient`'s, except ``mode``: MCP clients
+    speak only ``"production"`` (the default, whatever ``OPENENV_CLIENT_MODE`` says; the value is
+    not case-sensitive); ``"simulation"`` or any other value is a ``ValueError`` that points to
+    ``GenericEnvClient``.
+
+    ``use_production_mode`` (a plain attribute, ``True`` as in OpenEnv 0.10) says how tools are
+    reached: ``True``, directly, on the session created over HTTP; ``False``, through ``step``
+    on a session of the client's own WebSocket. Change it before the client connects.
+    """
 
     def __init__(
         self,
@@ -122,6 +114,8 @@ class MCPClientBase(EnvClient[Any, Observation, State]):
             reconnect_timeout_s=reconnect_timeout_s,
         )
         self._tools_cache: Optional[List[Tool]] = None
+        self.use_production_mode: bool = self._mode == "production"
+        """Reach tools directly on an HTTP-created session (True), or through ``step`` (False)."""
         self._production_session_id: Optional[str] = None
         self._closing: Set[asyncio.Task] = set()  # background closes of lost sessions
         self._http: Any = None
@@ -175,7 +169,8 @@ class MCPClientBase(EnvClient[Any, Observation, State]):
                 response = await self._http_client(endpoint).post("/mcp", json=payload, **options)
                 break
             except httpx.TransportError as exc:
-                if _no_server(exc) or time.monotonic() + delay > deadline:
+                # (no server, no such host, a TLS mismatch: another try would fail the same way)
+                if permanent_connect_failure(exc) or time.monotonic() + delay > deadline:
                     raise
             await asyncio.sleep(delay)
             delay = min(2 * delay, 1.0)
@@ -183,8 +178,8 @@ class MCPClientBase(EnvClient[Any, Observation, State]):
         return response.json()
 
     async def _before_connect(self, endpoint: Endpoint) -> None:
-        if self._production_session_id is not None:
-            return
+        if self._production_session_id is not None or not self.use_production_mode:
+            return  # (without production mode the WebSocket makes a session of its own)
         try:
             # With a key of its own, a create whose answer was lost is sent again: our server answers
             # the session the first one made (an upstream server ignores the header).
@@ -269,6 +264,15 @@ class MCPClientBase(EnvClient[Any, Observation, State]):
     async def _list_tools_async(self, use_cache: bool = True) -> List[Tool]:
         if use_cache and self._tools_cache is not None:
             return list(self._tools_cache)
+        if not self.use_production_mode:
+            step = await self._step_async(ListToolsAction())
+            if not isinstance(step.observation, ListToolsObservation):
+                raise RuntimeError(f"Listing tools failed: the server answered a {type(step.observation).__name__}")
+            error = step.observation.metadata.get("error")
+            if error and not step.observation.tools:
+                raise RuntimeError(f"Listing tools failed: {error}")
+            self._tools_cache = list(step.observation.tools)
+            return list(self._tools_cache)
         response = await self._rpc("tools/list", {})
         if response.get("error"):
             raise RuntimeError(f"Listing tools failed: {response['error'].get('message')}")
@@ -347,15 +351,26 @@ class MCPToolClient(MCPClientBase):
     """An MCP environment client with ``call_tool(name, **arguments)``."""
 
     async def _call_tool_async(self, name: str, /, **arguments: Any) -> Any:
+        if not self.use_production_mode:
+            step = await self._step_async(CallToolAction(tool_name=name, arguments=arguments))
+            observation = step.observation
+            if not isinstance(observation, CallToolObservation):
+                return observation
+            if observation.error is not None:
+                error = observation.error
+                raise ToolCallError(name, f"{error.message} (type: {error.error_type.value})", data=error.model_dump())
+            return observation.result
         response = await self._rpc("tools/call", {"name": name, "arguments": arguments})
         error = response.get("error")
         if error:
             raise ToolCallError(name, str(error.get("message")), error.get("code"), error.get("data"))
         result = response.get("result")
         if isinstance(result, dict) and (result.get("isError") or result.get("is_error")):
-            raise ToolCallError(name, str(tool_result_value({**result, "data": None})))
+            texts = {"content": result.get("content") or [], "is_error": True}  # the error's words only
+            raise ToolCallError(name, str(tool_result_value(texts)))
         return tool_result_value(result)
 
     def call_tool(self, name: str, /, **arguments: Any) -> Any:
-        """Call a tool and return its value; a failing tool raises :class:`ToolCallError`."""
+        """Call a tool and return its value; a failing tool raises :class:`ToolCallError`. With
+        ``use_production_mode = False`` the call is a step of the episode (see the module docstring)."""
         return self._dispatch(self._call_tool_async, name, **arguments)

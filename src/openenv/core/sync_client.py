@@ -27,6 +27,7 @@ StateT = TypeVar("StateT")
 
 _START_TIMEOUT_S = 5.0
 _STOP_TIMEOUT_S = 5.0
+_DEL_JOIN_S = 1.0
 
 
 async def _cancel_others() -> None:
@@ -37,6 +38,21 @@ async def _cancel_others() -> None:
         task.cancel()
     if others:
         await asyncio.wait(others, timeout=_STOP_TIMEOUT_S - 1)
+
+
+def _wind_down(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel the tasks still pending on a stopped ``loop`` (a connection's keepalive, when the
+    client was dropped without a close) and let them finish before it closes: Python prints "Task
+    was destroyed but it is pending!" for each one left."""
+    try:
+        pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.wait(pending, timeout=_STOP_TIMEOUT_S))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    except Exception:  # (a task that would not end: closing the loop regardless)
+        pass
 
 
 class LoopThread:
@@ -64,6 +80,7 @@ class LoopThread:
                 try:
                     loop.run_forever()
                 finally:
+                    _wind_down(loop)
                     loop.close()
 
             thread = threading.Thread(target=serve, name=self.name, daemon=True)
@@ -121,12 +138,15 @@ class LoopThread:
             thread.join(timeout=_STOP_TIMEOUT_S)
 
     def __del__(self) -> None:
-        loop = self._loop
+        loop, thread = self._loop, self._thread
         if loop is not None and not loop.is_closed():
             try:
                 loop.call_soon_threadsafe(loop.stop)
             except RuntimeError:
-                pass
+                return
+            if thread is not None and thread is not threading.current_thread():
+                # (briefly: its wind-down ends the tasks left on the loop, before an exit can cut it short)
+                thread.join(_DEL_JOIN_S)
 
 
 class SyncEnvClient(Generic[ActT, ObsT, StateT]):

@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse, Response
 from typing_extensions import Unpack
 
 from . import auth, resume
+from ._compat.openenv import UpstreamServerNames
 from .exceptions import EnvironmentCallError, EnvironmentResultError
 from .interfaces import Environment
 from .limits import InFlightBudget
@@ -88,7 +89,7 @@ def _observation_response(model: Type[pydantic.BaseModel], observation: Observat
         raise EnvironmentCallError(exc) from exc
 
 
-class HTTPEnvServer:
+class HTTPEnvServer(UpstreamServerNames):
     """Serves an environment factory over HTTP and WebSocket.
 
     ``env`` is a factory (usually the environment class) called once per session. With
@@ -96,6 +97,8 @@ class HTTPEnvServer:
     ``settings`` (default: :meth:`ServerSettings.resolve` of ``options``, the keywords of
     :class:`~.settings.ServerOptions` that ``create_app`` takes too) says how it serves; every
     ``OPENENV_*`` variable that is set overrides the argument it stands for (see :mod:`.settings`).
+    Subclasses written for upstream OpenEnv 0.10 find its private attributes (``_env_factory``,
+    ``_executor``, ``_sessions``...: :mod:`._compat.openenv`).
     """
 
     def __init__(
@@ -113,11 +116,13 @@ class HTTPEnvServer:
         **options: Unpack[ServerOptions],
     ) -> None:
         if isinstance(env, Environment) or not callable(env):
-            raise TypeError(
-                "HTTPEnvServer needs an environment factory (the class, a function or a "
-                f"functools.partial), not an instance of {type(env).__name__}: pass "
-                f"{type(env).__name__} itself so each session gets its own instance"
+            name = type(env).__name__
+            raise TypeError(  # upstream's words first: code written for it may match them
+                f"env must be a callable (class or factory function), got {type(env)}. Pass the "
+                f"environment class (e.g., {name}) not an instance (e.g., {name}()), so that each "
+                "session gets its own instance"
             )
+        self._env_factory = env
         if max_concurrent_envs is not None and concurrency_config is not None:
             raise ValueError("Pass either max_concurrent_envs or concurrency_config, not both")
         if settings is None:
@@ -333,6 +338,7 @@ class HTTPEnvServer:
     def _install_lifespan(self, app: FastAPI) -> None:
         previous = app.router.lifespan_context
         manager = self.manager
+        ws_context = self.ws_context
         gc_tuning = self.settings.gc_tuning
 
         @contextlib.asynccontextmanager
@@ -343,6 +349,7 @@ class HTTPEnvServer:
                     try:
                         yield state
                     finally:
+                        await ws_context.stopping()  # clients told the server stops: none waits to resume
                         await manager.shutdown()
 
         app.router.lifespan_context = lifespan

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 from abc import abstractmethod
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple
 
+import mcp.types
 import pydantic
 
 try:
@@ -35,6 +37,7 @@ except ImportError as exc:  # the base install has no FastMCP: say which extra b
 from ..utils import run_async_safely, timeout_after
 from . import error_details as shown_errors
 from ._compat.fastmcp import (
+    CallToolResult,
     DirectTool,
     DirectTools,
     ToolBodyError,
@@ -54,6 +57,7 @@ from .mcp_types import (
     Tool,
     ToolError,
     ToolErrorType,
+    tool_result_value,
 )
 from .types import Action, Observation
 from .workers import WorkerPool
@@ -198,6 +202,10 @@ class MCPEnvironment(Environment):
     """
 
     def __init__(self, mcp_server: FastMCP, transform: Optional[Transform] = None) -> None:
+        """``mcp_server`` holds the tools (none may have a reserved name: ``ValueError``);
+        ``transform`` is applied to each MCP action's observation. As upstream's, the constructor
+        takes no ``mode``: the server sets ``self._mode`` (``"simulation"`` or ``"production"``,
+        its own mode) on every instance it builds, and :meth:`tool` declares tools per mode."""
         super().__init__(transform=transform)
         _check_names(registered_tool_names(mcp_server))
         self.mcp_server = mcp_server
@@ -218,7 +226,13 @@ class MCPEnvironment(Environment):
         name: Optional[str] = None,
         description: Optional[str] = None,
     ) -> Any:
-        """Decorator declaring a tool; with ``mode`` it is offered only in that server mode."""
+        """Decorator declaring a tool (``@env.tool`` or ``@env.tool(mode=..., name=..., description=...)``).
+
+        ``mode`` says when it is offered: ``None`` (the default) always, as a tool of the FastMCP
+        server; ``"production"`` or ``"simulation"`` only while the server runs in that mode
+        (``self._mode``, set by the server), so one name may have one implementation per mode.
+        Any other value, or a reserved name (``reset``, ``step``, ``state``, ``close``), is a
+        ``ValueError``."""
         if mode not in _MODES:
             raise ValueError(f"mode must be one of None, 'production', 'simulation'; got {mode!r}")
 
@@ -468,6 +482,11 @@ class MCPEnvironment(Environment):
     # --- the Environment contract -------------------------------------------------------------
 
     def step(self, action: Action, timeout_s: Optional[float] = None, **kwargs: Any) -> Observation:
+        """Answer ``action``: a ``ListToolsAction`` with a :class:`ListToolsObservation`, a
+        ``CallToolAction`` with a :class:`CallToolObservation` whose ``result`` is the tool's
+        value; any other action goes to ``_step_impl``. Blocks (MCP actions run on an event loop
+        of their own). It does not call :meth:`step_async`: a subclass that overrides both (to
+        count steps, say) has each run once per step, as in OpenEnv 0.10."""
         if isinstance(action, (ListToolsAction, CallToolAction)) or inspect.iscoroutinefunction(self._step_impl):
             return run_async_safely(self._step_on_own_loop(action, timeout_s=timeout_s, **kwargs))
         return self._step_impl(action, timeout_s=timeout_s, **kwargs)
@@ -475,13 +494,19 @@ class MCPEnvironment(Environment):
     async def _step_on_own_loop(self, action: Action, **kwargs: Any) -> Observation:
         # The loop ends with this call: so does any MCP client connection opened on it.
         try:
-            return await self.step_async(action, **kwargs)
+            return await self._mcp_step(action, **kwargs)
         finally:
             if self._connection is not None and self._connection[1] is asyncio.get_running_loop():
                 client, self._connection = self._connection[0], None
                 await client.__aexit__(None, None, None)
 
     async def step_async(self, action: Action, timeout_s: Optional[float] = None, **kwargs: Any) -> Observation:
+        """The async :meth:`step` (what a server calls): MCP actions are answered on the running
+        loop, other actions go to ``_step_impl`` (a sync one in a worker thread)."""
+        return await self._mcp_step(action, timeout_s=timeout_s, **kwargs)
+
+    async def _mcp_step(self, action: Action, timeout_s: Optional[float] = None, **kwargs: Any) -> Observation:
+        # The one implementation behind step and step_async: neither calls the other's override.
         if isinstance(action, ListToolsAction):
             try:
                 observation: Observation = ListToolsObservation(tools=await self.list_tools_async())
@@ -494,7 +519,8 @@ class MCPEnvironment(Environment):
         if isinstance(action, CallToolAction):
             try:
                 payload = await self.call_tool_payload(action.tool_name, action.arguments, timeout_s)
-                observation = CallToolObservation(tool_name=action.tool_name, result=payload)
+                # ``result`` is FastMCP's CallToolResult, as in OpenEnv 0.10; the wire carries the payload
+                observation = CallToolObservation.of_tool_result(action.tool_name, payload, ToolCallResult(payload))
             except ToolCallFailed as failure:
                 observation = CallToolObservation(tool_name=action.tool_name, error=failure.error)
             return await self._after_mcp_action(action, observation)
@@ -511,6 +537,40 @@ class MCPEnvironment(Environment):
         self._drop_connection()
         self._mcp_client = None
         self.mcp_server = None  # type: ignore[assignment]
+
+
+class ToolCallResult(CallToolResult):
+    """FastMCP's ``CallToolResult`` of a tool call, read from the call's result (OpenEnv 0.10's
+    wire shape) when asked: what ``MCPEnvironment.step(CallToolAction(...))`` puts in
+    ``observation.result`` in process, as OpenEnv 0.10 does (``result.data`` is the tool's value;
+    ``content``, ``structured_content``, ``meta``, ``is_error`` as FastMCP's). Nothing is built
+    until read: a server only sends the result, never reads it."""
+
+    def __init__(self, payload: Dict[str, Any]) -> None:  # (not the dataclass's: fields are read on demand)
+        self._payload = payload
+
+    @property  # type: ignore[override]
+    def data(self) -> Any:
+        return tool_result_value(self._payload)
+
+    @property  # type: ignore[override]
+    def structured_content(self) -> Optional[Dict[str, Any]]:
+        return self._payload.get("structured_content", self._payload.get("structuredContent"))
+
+    @property  # type: ignore[override]
+    def meta(self) -> Optional[Dict[str, Any]]:
+        return self._payload.get("meta", self._payload.get("_meta"))
+
+    @property  # type: ignore[override]
+    def is_error(self) -> bool:
+        return bool(self._payload.get("is_error", self._payload.get("isError", False)))
+
+    @functools.cached_property
+    def content(self) -> List[Any]:  # type: ignore[override]
+        return _CONTENT.validate_python(self._payload.get("content") or [])
+
+
+_CONTENT: pydantic.TypeAdapter = pydantic.TypeAdapter(List[mcp.types.ContentBlock])
 
 
 def get_server_tools(server: FastMCP) -> List[FastMCPTool]:

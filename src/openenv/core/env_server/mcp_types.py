@@ -6,7 +6,15 @@ from enum import Enum, IntEnum
 from typing import Any, Dict, List, Literal, Optional, Union
 
 import pydantic_core
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SerializerFunctionWrapHandler,
+    field_serializer,
+    field_validator,
+)
 
 from .types import Action, BaseMessage, Observation
 
@@ -154,9 +162,72 @@ class ListToolsObservation(Observation):
 
 
 class CallToolObservation(Observation):
+    """The outcome of a ``CallToolAction``: ``result`` is what the tool call returned (``None``
+    when it failed: ``error`` says how).
+
+    In the environment's own process (``env.step(CallToolAction(...))``) an
+    :class:`~.mcp_environment.MCPEnvironment` gives, as OpenEnv 0.10 does, FastMCP's
+    ``CallToolResult``: the tool's value is ``result.data``. On the wire ``result`` is the whole
+    result object in OpenEnv 0.10's shape (``content``, ``structured_content``, ``meta``, ``data``,
+    ``is_error``), and OpenEnv's clients give the value itself (see :func:`tool_result_value`).
+    Set ``result`` to another value and that value is sent instead.
+    """
+
     tool_name: str
     result: Any = None
     error: Optional[ToolError] = None
+    # the whole tool result (as sent) and the object made of it into ``result``
+    _tool_result: Optional[Dict[str, Any]] = PrivateAttr(default=None)
+    _tool_value: Any = PrivateAttr(default=None)
+
+    @classmethod
+    def of_tool_result(
+        cls, tool_name: str, tool_result: Dict[str, Any], value: Any = None, **fields: Any
+    ) -> CallToolObservation:
+        """The observation of a call that returned ``tool_result`` (the wire shape above), which
+        is what it sends while ``result`` is still ``value`` (default: the tool's value, see
+        :func:`tool_result_value`)."""
+        if value is None:
+            value = tool_result_value(tool_result)
+        observation = cls(tool_name=tool_name, result=value, **fields)
+        observation._tool_result, observation._tool_value = tool_result, observation.result
+        return observation
+
+    @field_serializer("result", mode="wrap")
+    def _result_on_the_wire(self, value: Any, handler: SerializerFunctionWrapHandler) -> Any:
+        full = self._tool_result
+        # (the identity check: code that replaced ``result`` meant its own value to be sent)
+        if full is not None and value is self._tool_value:
+            return handler(full)
+        return handler(value)
+
+
+def tool_result_value(result: Any) -> Any:
+    """The value a tool returned, from a ``tools/call`` result in OpenEnv's shape or MCP's.
+
+    ``data`` when the result carries it, else the structured content (unwrapped when FastMCP
+    wrapped a plain value as ``{"result": ...}``), else the text content; anything that is not a
+    tool-result object is returned as it is.
+    """
+    if not isinstance(result, dict) or "content" not in result or not ({"is_error", "isError", "data"} & result.keys()):
+        return result
+    structured = result.get("structured_content", result.get("structuredContent"))
+    if result.get("data") is not None or ("data" in result and structured is not None):
+        return result["data"]  # (a tool that returned None: data is None, structured content is not)
+    if structured is not None:
+        meta = result.get("meta", result.get("_meta"))
+        wrapped = (
+            isinstance(meta, dict) and isinstance(meta.get("fastmcp"), dict) and meta["fastmcp"].get("wrap_result")
+        )
+        return structured.get("result") if wrapped and isinstance(structured, dict) else structured
+    texts = [
+        item.get("text")
+        for item in result.get("content") or ()
+        if isinstance(item, dict) and item.get("type") == "text"
+    ]
+    if len(texts) == 1:
+        return texts[0]
+    return "\n".join(t for t in texts if t) if texts else None
 
 
 class WSMCPMessage(BaseMessage):

@@ -56,6 +56,18 @@ CREATE_KEY_HEADER = "x-openenv-create-key"
 SEQ_KEY = "seq"
 """The key of a ``/ws`` frame that carries its call's number."""
 
+STOPPING_CLOSE_CODE = 1001
+STOPPING_REASON = "the server is stopping"
+"""The close code ("going away") and reason of a WebSocket the server closes because it stops on
+purpose (its ASGI server shutting down, Ctrl-C on ``openenv serve``, the app's lifespan ending).
+Its sessions end with it, so there is nothing to resume: a client told so fails at once. A
+connection that drops without a close (a network fault) is still resumed."""
+
+SERVER_CLOSE_CODES = frozenset({STOPPING_CLOSE_CODE, 1012})
+"""Close codes that say the server's sessions are gone: the one above, and 1012 ("service
+restart"), which uvicorn sends to the connections of a server it shuts down when the protocol of
+:mod:`._compat.uvicorn` is not in use."""
+
 
 @dataclasses.dataclass(eq=False, slots=True)
 class Resume:

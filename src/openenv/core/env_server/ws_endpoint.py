@@ -6,7 +6,10 @@ and the connection goes on. A client leaving during a long step is noticed withi
 ``WATCH_AFTER_S`` (:class:`ConnectionWatch`): the step is cancelled (a sync one finishes in its
 worker, then its environment is closed) and the session's slot is freed; but on a resumable
 connection (:mod:`.resume`) the step runs to its end and its answer waits, with the session, for
-the client to resume.
+the client to resume. A server that stops on purpose closes its connections with
+:data:`.resume.STOPPING_CLOSE_CODE` and :data:`.resume.STOPPING_REASON` (:meth:`WSContext.stopping`,
+and the protocol of :mod:`._compat.uvicorn`): their sessions end, and clients are not left trying
+to resume them.
 """
 
 from __future__ import annotations
@@ -98,6 +101,10 @@ class ConnectionWatch:
     def unregister(self, connection: WSConnection) -> None:
         self._connections.discard(connection)
 
+    def connections(self) -> Set[WSConnection]:
+        """The connections being served now."""
+        return set(self._connections)
+
     async def _sweep(self) -> None:
         loop = asyncio.get_running_loop()
         while self._connections:
@@ -118,6 +125,11 @@ class WSContext:
     max_message_chars: int
     mcp: MCPDispatcher
     watch: ConnectionWatch = dataclasses.field(default_factory=ConnectionWatch)
+
+    async def stopping(self) -> None:
+        """The server stops on purpose (its app's lifespan ends): close every connection still
+        served with the close code and reason that say so, so that no client waits to resume."""
+        await asyncio.gather(*(connection.server_stopping() for connection in self.watch.connections()))
 
 
 class WSRoute:
@@ -184,6 +196,7 @@ class WSConnection:
         self._watcher: Optional[asyncio.Task] = None
         self._backlog: Deque[Dict[str, Any]] = collections.deque()
         self.clean = False  # the client ended the session (a close message, or close code 1000)
+        self.stopping = False  # the connection ended because the server stops (or its client goes away)
         self.superseded = False  # a resume gave its session to another connection
         self.accepted = False
 
@@ -199,7 +212,7 @@ class WSConnection:
 
     async def _close(self, code: int) -> None:
         """Send the close frame (the server closes the connection)."""
-        if self.state is not ConnectionState.GONE:
+        if self.state not in (ConnectionState.GONE, ConnectionState.CLOSING):  # (closing already as the server stops)
             self._move(ConnectionState.CLOSING)
         with contextlib.suppress(Exception):
             await self.send({"type": "websocket.close", "code": code})
@@ -244,11 +257,23 @@ class WSConnection:
             and session.resume is not None
             and session.resume.seq  # (before its first call there is nothing to resume)
             and not self.clean
+            and not self.stopping  # (no resume will come: the server's sessions end with it)
             and session.state is SessionState.READY
         ):
             await self.manager.suspend(session)
         else:
             await self.manager.detach(session)
+
+    async def server_stopping(self) -> None:
+        """Close this connection because the server stops (see :meth:`WSContext.stopping`); the
+        session is let go of once the client has answered the close, or its call has returned."""
+        if self.state is not ConnectionState.OPEN:
+            return
+        self.stopping = True
+        self._move(ConnectionState.CLOSING)
+        message = {"type": "websocket.close", "code": resume.STOPPING_CLOSE_CODE, "reason": resume.STOPPING_REASON}
+        with contextlib.suppress(Exception):  # (bounded: a client that reads nothing must not hold the stop up)
+            await asyncio.wait_for(self.send(message), READ_TO_END_S)
 
     def supersede(self) -> None:
         """A resume took this connection's session: stop serving it (a call under way finishes,
@@ -301,7 +326,10 @@ class WSConnection:
             too_large = MessageTooLargeError(len(text), self.max_chars, "characters")
             return {"type": "websocket.receive", "reply": error_frame_of(too_large, "")}
         if message["type"] == "websocket.disconnect":
-            self.clean = message.get("code") == 1000
+            code = message.get("code")
+            self.clean = code == 1000
+            # 1001/1012: the server closes it as it stops (or the client goes away): no resume
+            self.stopping = self.stopping or code in resume.SERVER_CLOSE_CODES
             return message
         return {"type": "websocket.receive", "reply": _BINARY}
 

@@ -50,6 +50,9 @@ class LLMJudge(Rubric):
     ``a/b`` means ``a/b`` of the way from ``lo`` to ``hi``; any other value is clamped into the
     range. With ``normalize=True`` (default) the score is then mapped to ``[0, 1]`` as
     ``(value - lo) / (hi - lo)``; with ``normalize=False`` it stays on the ``[lo, hi]`` scale.
+    With ``normalize=False`` and no ``score_range`` there is no scale to keep to, as in upstream
+    OpenEnv: the number read is the score (``Score: 7`` scores 7.0, ``score_pattern``'s match
+    likewise), rule 6 takes the last number of the reply, and only fractions read as ``a/b``.
 
     When nothing parses the score is ``default_score`` (returned as given), ``parse_failures``
     grows and ``last_error`` says why. When the request fails (endpoint down, HTTP error,
@@ -67,12 +70,13 @@ class LLMJudge(Rubric):
         score_pattern: Optional[str] = None,
         default_score: float = 0.0,
         normalize: bool = True,
-        score_range: Tuple[float, float] = (0.0, 1.0),
+        score_range: Optional[Tuple[float, float]] = None,
         on_error: str = "raise",
     ) -> None:
         super().__init__()
         _check_template(prompt_template)
-        lo, hi = (float(x) for x in score_range)
+        self._range_given = score_range is not None  # (without one, normalize=False bounds nothing)
+        lo, hi = (float(x) for x in (score_range if score_range is not None else (0.0, 1.0)))
         if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
             raise ValueError(f"score_range must be two finite numbers (lo, hi) with lo < hi, got {score_range!r}")
         if on_error not in ON_ERROR:
@@ -117,31 +121,35 @@ class LLMJudge(Rubric):
     def parse_score(self, reply: str) -> Optional[float]:
         """The score a reply gives, by the rules in the class docstring; ``None`` if none."""
         lo, hi = self.score_range
+        bounded = self.normalize or self._range_given
         value: Optional[float] = None
         if self._pattern is not None:
             match = self._pattern.search(reply)
-            if match is not None:
-                value = _clamp(_to_float(match.group(1) if match.groups() else match.group(0)), lo, hi)
+            if match is not None:  # its first group that took part in the match, else the whole match
+                text = next((group for group in match.groups() if group is not None), match.group(0))
+                value = _to_float(text)
+                if bounded:
+                    value = _clamp(value, lo, hi)
         else:
-            value = self._read(reply)
+            value = self._read(reply, bounded)
         if value is None:
             return None
         return (value - lo) / (hi - lo) if self.normalize else value
 
-    def _read(self, reply: str) -> Optional[float]:
+    def _read(self, reply: str, bounded: bool) -> Optional[float]:
         lo, hi = self.score_range
         for pattern in (_TAG, _JSON, _LABEL, _FRACTION):
             for match in reversed(list(pattern.finditer(reply))):
-                value = self._value(match)
+                value = self._value(match, bounded)
                 if value is not None:
                     return value
         for match in reversed(list(_LOOSE_NUMBER.finditer(reply))):
             number = _to_float(match.group(0))
-            if number is not None and lo <= number <= hi:
+            if number is not None and (not bounded or lo <= number <= hi):
                 return number
         return None
 
-    def _value(self, match: re.Match) -> Optional[float]:
+    def _value(self, match: re.Match, bounded: bool) -> Optional[float]:
         lo, hi = self.score_range
         number = _to_float(match.group(1))
         if number is None:
@@ -150,8 +158,8 @@ class LLMJudge(Rubric):
             total = _to_float(match.group(2))
             if total is None or total <= 0:
                 return None
-            return _clamp(lo + (number / total) * (hi - lo), lo, hi)
-        return _clamp(number, lo, hi)
+            number = lo + (number / total) * (hi - lo)
+        return _clamp(number, lo, hi) if bounded else number
 
     def state_dict(self) -> Dict[str, Any]:
         return {
@@ -159,7 +167,7 @@ class LLMJudge(Rubric):
             "score_pattern": self.score_pattern,
             "default_score": self.default_score,
             "normalize": self.normalize,
-            "score_range": list(self.score_range),
+            "score_range": list(self.score_range) if self._range_given else None,
             "on_error": self.on_error,
             **super().state_dict(),
         }
@@ -168,13 +176,15 @@ class LLMJudge(Rubric):
         template = state.get("prompt_template", self.prompt_template)
         _check_template(template)
         pattern = state.get("score_pattern", self.score_pattern)
-        lo, hi = (float(x) for x in state.get("score_range", self.score_range))
+        given = state.get("score_range", list(self.score_range) if self._range_given else None)
+        lo, hi = (float(x) for x in (given if given is not None else (0.0, 1.0)))
         if not lo < hi:
             raise ValueError(f"score_range must have lo < hi, got {(lo, hi)}")
         on_error = state.get("on_error", self.on_error)
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be 'raise' or 'default', got {on_error!r}")
         self.prompt_template, self.score_range, self.on_error = template, (lo, hi), on_error
+        self._range_given = given is not None
         self.score_pattern = pattern
         self._pattern = re.compile(pattern) if pattern is not None else None
         self.default_score = state.get("default_score", self.default_score)

@@ -13,7 +13,7 @@ the code runs with fresh locals and, as globals, one stub per tool. Calling a st
 ``{"call": name, "args": [...], "kwargs": {...}}`` and waits for ``{"return": value}`` or
 ``{"raise": type name, "message": text}``. The answer is ``{"exit_code": 0, "result": ...}`` (the
 code's ``result`` variable, as JSON) or ``{"exit_code": 1, "error": text}`` (the text of what it
-raised, a SyntaxError included).
+raised; for a SyntaxError ``"Syntax error: "`` and its text, as upstream OpenEnv words it).
 """
 
 from __future__ import annotations
@@ -87,6 +87,8 @@ def run_with_tools(request, call):
     scope = {}
     try:
         exec(compile(request["code"], "<string>", "exec"), namespace, scope)
+    except SyntaxError as exc:  # worded as upstream words it: the text alone may not say what it is
+        return {"exit_code": 1, "error": f"Syntax error: {exc}"}
     except BaseException as exc:  # the agent's SystemExit is its error too
         return {"exit_code": 1, "error": str(exc)}
     try:

@@ -29,7 +29,8 @@ CODE_MODE_TIMEOUT_S = 30.0
 @dataclass
 class ToolCodeResult:
     """What a code-mode run gave: the code's ``result`` variable, or the ``error`` text of what
-    it raised (a syntax error, a failing tool, an unknown name, a timeout), and its output."""
+    it raised (a failing tool, an unknown name, a timeout; a syntax error's text begins
+    ``"Syntax error: "``, as upstream's does), and its output."""
 
     result: Any
     error: Optional[str]

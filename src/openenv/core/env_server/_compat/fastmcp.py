@@ -25,6 +25,7 @@ reserved names) reads ``_components`` whatever the version, and finds no names w
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from typing import Any, Awaitable, Callable, Dict, List, Optional
@@ -36,6 +37,21 @@ from fastmcp.exceptions import FastMCPError
 from fastmcp.tools.function_tool import FunctionTool
 
 from ..settings import library_internals_enabled
+
+try:  # what OpenEnv 0.10's in-process step gives; FastMCP's client may be left out of an install
+    from fastmcp.client.client import CallToolResult
+except ImportError:  # the same fields, for code that reads them (``result.data``)
+
+    @dataclasses.dataclass
+    class CallToolResult:  # type: ignore[no-redef]
+        """FastMCP's ``CallToolResult`` (its fields), where FastMCP's client cannot be imported."""
+
+        content: list
+        structured_content: Optional[Dict[str, Any]]
+        meta: Optional[Dict[str, Any]]
+        data: Any = None
+        is_error: bool = False
+
 
 try:  # FastMCP's tests for an upstream API's 429 and timeouts (FastMCP 4: httpx and httpx2)
     from fastmcp.utilities.exceptions import get_http_status_code as _http_status_code

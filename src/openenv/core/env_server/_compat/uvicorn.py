@@ -14,10 +14,11 @@ What it relies on, besides uvicorn's public options:
   ``frames``) and pausing reading (``read_paused``, ``transport.pause_reading``), and ``receive``
   resuming it once the queue is empty; ``handshake_initiated``, ``handshake_complete``,
   ``initial_response``, ``close_sent``, ``disconnected``, ``writable``, ``handle_ping``,
-  ``handle_parser_exception``, ``connection_lost``;
+  ``handle_parser_exception``, ``connection_lost``; ``shutdown`` (what uvicorn's server calls on
+  each connection when it shuts down) and ``stop_keepalive``;
 * of websockets' sans-I/O ``ServerProtocol`` (``conn``): ``extensions``, ``state``, ``fail``,
-  ``close_sent``, ``parser_exc``, ``max_message_size``, and that ``receive_data`` parses all it
-  is given before it returns;
+  ``send_close``, ``data_to_send``, ``close_sent``, ``parser_exc``, ``max_message_size``, and that
+  ``receive_data`` parses all it is given before it returns;
 * of uvicorn's server, for the guard (``tests/security/test_hostile_clients.py`` checks these
   against the installed release): ``Config(http=...)`` accepts a callable, called with ``config``,
   ``server_state``, ``app_state`` and ``_loop`` for each connection, that returns its
@@ -41,6 +42,10 @@ each large frame's declared size, and each large inflated message's size, from t
 of bytes in flight until the app has taken the message (once spent: a ``SERVER_BUSY`` error frame
 and close code 1013); and it drops a client that leaves more than ``max_unsent`` bytes unread (a
 ping flood whose pongs it never reads).
+
+When uvicorn shuts the server down, the protocol closes each WebSocket with
+:data:`~..resume.STOPPING_CLOSE_CODE` (1001) and :data:`~..resume.STOPPING_REASON` where
+uvicorn's own sends 1012 without a reason: the client is told the server stopped on purpose.
 
 **The connection guard** (:class:`GuardedConnection`) bounds what uvicorn's options do not: it has
 no time limit while a request head (or a handshake) arrives, so a client sending a byte now and
@@ -78,6 +83,7 @@ except ImportError:  # a uvicorn without the sans-I/O protocol: tested() is Fals
 from ...utils import is_loopback_ip
 from ..exceptions import MessageTooLargeError, ServerBusyError
 from ..limits import BUDGET_EXEMPT_BYTES, InFlightBudget, ServerLimits
+from ..resume import STOPPING_CLOSE_CODE, STOPPING_REASON
 from ..serialization import error_frame_of
 from ..settings import library_internals_enabled
 from ..ws_frames import client_text, frame_header, text_frame
@@ -242,6 +248,25 @@ class OpenEnvWebSocketProtocol(WebSocketsSansIOProtocol):
     def connection_lost(self, exc: Optional[Exception]) -> None:
         self._release_held()
         super().connection_lost(exc)
+
+    def shutdown(self) -> None:
+        # uvicorn's own closes an open WebSocket of a server it shuts down with 1012 ("service
+        # restart") and no reason; say that the server stops, so that a client does not try to
+        # resume a session that ends with it (see resume.STOPPING_CLOSE_CODE).
+        if (
+            self.close_sent
+            or self.disconnected
+            or not self.handshake_complete
+            or self.initial_response is not None
+            or self.conn.state is not State.OPEN
+        ):
+            super().shutdown()
+            return
+        self.stop_keepalive()
+        self.queue.put_nowait({"type": "websocket.disconnect", "code": STOPPING_CLOSE_CODE, "reason": STOPPING_REASON})
+        self.conn.send_close(STOPPING_CLOSE_CODE, STOPPING_REASON)
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        self.transport.close()
 
     # --- the common case without websockets' frame machinery ----------------------------------
 
