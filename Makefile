@@ -80,4 +80,4 @@ template-interop:  ## run the tests of `openenv init`'s packages on upstream ope
 	bash scripts/template-interop.sh
 
 clean:
-	rm -rf $(VENV) .venv-newest build dist src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-newest .venv-verifiers .venv-verifiers.lock build dist src/*.egg-info .pytest_cache .ruff_cache

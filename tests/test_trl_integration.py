@@ -328,6 +328,110 @@ def test_grpo_trainer_learns_from_echo_env_rewards(tmp_path: Path) -> None:
     assert len(logged) == 3 and all(torch.isfinite(torch.tensor(log["loss"])) for log in logged)
 
 
+class ScriptedToolCaller:
+    """Stands in for the model's sampling inside a real GRPOTrainer (``_generate_single_turn``):
+    a first turn calls ``echo_message`` with the next of ``messages`` in Qwen 3's tool-call format;
+    the turn after a tool's response ends the answer. Keeps every prompt it generated from."""
+
+    def __init__(self, tokenizer: Any, messages: Sequence[str]) -> None:
+        self.tokenizer = tokenizer
+        self.messages = list(messages)
+        self.calls = 0
+        self.prompts: List[str] = []
+
+    def __call__(self, prompt_ids: List[List[int]], *args: Any, **kwargs: Any) -> Any:
+        import json
+
+        completions = []
+        for ids in prompt_ids:
+            text = self.tokenizer.decode(ids)
+            self.prompts.append(text)
+            if "<tool_response>" in text.rsplit("<|im_start|>assistant", 2)[-2]:
+                reply = "Done.<|im_end|>"
+            else:
+                message = self.messages[self.calls % len(self.messages)]
+                self.calls += 1
+                call = json.dumps({"name": "echo_message", "arguments": {"message": message}})
+                reply = f"<tool_call>\n{call}\n</tool_call><|im_end|>"
+            completions.append(self.tokenizer.encode(reply, add_special_tokens=False))
+        return completions, None
+
+
+@pytest.mark.slow
+def test_grpo_trainer_calls_the_environments_tools_through_environment_factory(tmp_path: Path) -> None:
+    """GRPOTrainer(environment_factory=...): TRL shows the model the environment's tools, runs the
+    tool calls the model makes against the sandboxed server, and trains on the reward each
+    session earned (get_reward). The sampling is scripted (a random tiny model makes no tool
+    calls); the chat template, the parsing of tool calls, the tool loop, the rewards and the
+    update are TRL's own."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, Qwen2Config
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.chat_template_utils import qwen3_chat_template
+
+    tokenizer = _tiny_model_module().build_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tokenizer.eos_token = "<|im_end|>"
+    tokenizer.chat_template = qwen3_chat_template  # TRL knows how to parse its tool calls
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    start = [p.detach().clone() for p in model.parameters()]
+    sampler = ScriptedToolCaller(tokenizer, ["hello", "hi", "hey!", "x"])
+
+    class ScriptedSamplingGRPOTrainer(GRPOTrainer):
+        def _generate_single_turn(self, prompt_ids: List[List[int]], *args: Any, **kwargs: Any) -> Any:
+            return sampler(prompt_ids)
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "run"),
+        use_cpu=True,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=256,
+        learning_rate=1e-2,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=0,
+    )
+    dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"Echo something {i}."}] for i in range(8)]})
+    with EnvironmentFactory(EchoEnv.from_env("echo_env"), tools=["echo_message"]) as factory:
+        trainer = ScriptedSamplingGRPOTrainer(
+            model=model, args=args, train_dataset=dataset, processing_class=tokenizer, environment_factory=factory
+        )
+        trainer.train()
+        # the last batch's four sessions, each with the reward its one tool call earned on the server
+        assert sorted(env.get_reward() for env in trainer.environments) == pytest.approx([0.1, 0.2, 0.4, 0.5])
+
+    logged = [log for log in trainer.state.log_history if "reward" in log]
+    assert len(logged) == 2
+    for log in logged:
+        assert log["tools/call_frequency"] == 1.0 and log["tools/failure_frequency"] == 0.0
+        # echo_env pays 0.1 per echoed character: "hello", "hi", "hey!", "x" -> mean 0.3
+        assert log["rewards/EchoEnvTools/mean"] == pytest.approx(0.3)
+    # the model saw the tools in its prompt and, after its call, the server's answer
+    assert '"name": "echo_message"' in sampler.prompts[0]
+    answered = [p for p in sampler.prompts if "<tool_response>" in p]
+    assert len(answered) == 8 and "<tool_response>\nhello\n</tool_response>" in answered[0]
+    assert max((p.detach() - w).abs().max().item() for p, w in zip(model.parameters(), start, strict=True)) > 0
+
+
 @pytest.mark.slow
 def test_the_example_trains_on_reasoning_gym(tmp_path: Path) -> None:
     result = subprocess.run(

@@ -12,6 +12,9 @@ escape would reach on the host, run the attack through the environment, and chec
     with host_listener() as listener:                  # a TCP listener on the host's 127.0.0.1
         env.step(CodeAction(code=listener.client_code()))
     assert not listener.accepted
+
+:class:`~openenv.testing.git_server.LocalGitServer` stands in for the Gitea server that
+:class:`~openenv.core.tools.git_server_client.GitServerClient` clones from.
 """
 
 from .escape import (
@@ -23,9 +26,11 @@ from .escape import (
     processes_per_uid,
     wait_for,
 )
+from .git_server import LocalGitServer
 
 __all__ = [
     "HostListener",
+    "LocalGitServer",
     "PlantedSecret",
     "host_listener",
     "planted_secret",

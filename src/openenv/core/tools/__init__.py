@@ -9,6 +9,9 @@
 
 Both return :class:`~openenv.core.env_server.types.CodeExecResult` and block; ``*_async``
 variants run them on a worker thread.
+
+* :class:`GitServerClient` (upstream's ``git_server_client``) — clones repositories from a Gitea
+  server into a workspace and resets them between episodes.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from .executor import (
     run_shell,
     run_shell_async,
 )
+from .git_server_client import GitServerClient, RepoInfo
 from .repl import REPL_LIMITS, PythonREPL
 from .workdir import DirectoryResult, TreeError, TreeTooLarge, run_shell_in_directory
 
@@ -40,10 +44,12 @@ __all__ = [
     "CodeExecResult",
     "DirectoryResult",
     "FileContent",
+    "GitServerClient",
     "Isolation",
     "IsolationError",
     "Limits",
     "PythonREPL",
+    "RepoInfo",
     "TreeError",
     "TreeTooLarge",
     "run_python",
