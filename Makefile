@@ -21,11 +21,13 @@ ENVS := $(sort $(patsubst %/pyproject.toml,%,$(wildcard envs/*_env/pyproject.tom
 
 .PHONY: setup demo test test-newest lint format bench interop template-interop train-blackjack clean
 
-$(DEMO_STAMP): pyproject.toml envs/echo_env/pyproject.toml
+# compat/openenv-core stands for upstream's distribution name, which upstream's environment
+# packages require: without it pip fetches PyPI's openenv-core, written over this core's files.
+$(DEMO_STAMP): pyproject.toml envs/echo_env/pyproject.toml compat/openenv-core/pyproject.toml
 	bash scripts/install-bubblewrap.sh
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -e ".[core]" -e envs/echo_env
+	$(PIP) install --quiet -e ".[core]" -e envs/echo_env ./compat/openenv-core
 	touch $@
 
 $(TRAIN_STAMP): $(DEMO_STAMP) envs/openspiel_env/pyproject.toml
