@@ -309,3 +309,16 @@ def test_from_env_without_docker_serves_the_fetched_package_with_consent(local_h
     with MCPToolClient.from_env(REPO_ID, use_docker=False, trust_remote_code=True).sync() as env:
         assert env.async_client._provider.isolation == "sandbox"
         assert env.call_tool("echo_message", message="uv mode, sandboxed") == "uv mode, sandboxed"
+
+
+def test_upstreams_name_for_this_core_is_not_a_missing_requirement(tmp_path) -> None:
+    """Upstream's packages require ``openenv-core``: it is this core under upstream's name (the
+    package imports ``openenv``), so it is not reported missing, and telling the user to install
+    it (PyPI's, which writes over this core) would do harm; a truly absent requirement still is."""
+    from openenv.auto.hub import missing_requirements
+
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "upstream-style-env"\nversion = "0.1.0"\n'
+        'dependencies = ["openenv-core[core]>=0.2.2", "openenv_core>=0.1", "openenv-absent-requirement>=1"]\n'
+    )
+    assert missing_requirements(tmp_path) == ["openenv-absent-requirement>=1"]

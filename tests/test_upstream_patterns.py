@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import importlib
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -130,7 +131,7 @@ class CountingToolEnv(ToolsOnlyEnv):
 def test_overriding_step_and_step_async_counts_each_step_once() -> None:
     env = CountingToolEnv()
     observation = env.step(CallToolAction(tool_name="echo", arguments={"text": "hi"}))
-    assert observation.result == "hi"
+    assert observation.result.data == "hi"
     assert env.state.step_count == 1  # sync step: our step_async (overridden) is not called under it
     asyncio.run(env.step_async(CallToolAction(tool_name="echo", arguments={"text": "again"})))
     assert env.state.step_count == 2
@@ -198,3 +199,23 @@ async def test_an_mcp_clients_ws_url_is_the_plain_one_while_it_is_attached_to_it
             assert client._ws_url == server.base_url.replace("http://", "ws://") + "/ws"
             assert client._base_url == server.base_url
         await until(lambda: app.state.openenv_server.manager.active_sessions == 0)
+
+
+def test_the_old_import_name_openenv_core_still_works_and_warns() -> None:
+    """OpenEnv 0.10 keeps ``openenv_core`` as a deprecated name of ``openenv.core``; code still
+    importing it gets the same objects (in a fresh interpreter: the warning is at import)."""
+    script = (
+        "import warnings\n"
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.simplefilter('always')\n"
+        "    import openenv_core\n"
+        "    from openenv_core.env_server import create_app\n"
+        "    from openenv_core.env_client import EnvClient\n"
+        "import openenv.core.env_client, openenv.core.env_server\n"
+        "assert EnvClient is openenv.core.env_client.EnvClient and create_app is openenv.core.env_server.create_app\n"
+        "assert openenv_core.GenericEnvClient is openenv.core.GenericEnvClient\n"
+        "print([w.category.__name__ for w in seen if 'openenv_core' in str(w.message)])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['DeprecationWarning']"

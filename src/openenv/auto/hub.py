@@ -176,6 +176,8 @@ def missing_requirements(project: Path) -> List[str]:
             continue
         if requirement.marker is not None and not requirement.marker.evaluate():
             continue
+        if requirement.name.lower().replace("_", "-") == "openenv-core" and _this_core_installed(metadata):
+            continue  # upstream's name for this core: the package imports `openenv`, which is ours
         try:
             version = metadata.version(requirement.name)
         except metadata.PackageNotFoundError:
@@ -184,6 +186,14 @@ def missing_requirements(project: Path) -> List[str]:
         if requirement.specifier and not requirement.specifier.contains(version, prereleases=True):
             missing.append(f"{requirement} (installed: {version})")
     return missing
+
+
+def _this_core_installed(metadata: Any) -> bool:
+    try:
+        metadata.version("openenv")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def client_class(name: str, action: Optional[str]) -> type:
