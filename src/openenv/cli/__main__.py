@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import gc
 import logging
 import os
 import signal
@@ -130,8 +131,18 @@ def _own_sigint() -> Optional[_Handler]:
 
 
 def _interrupted() -> int:
+    if not _run.debug:
+        # A Ctrl-C can land inside a constructor (asyncio's transports, say); the half-built
+        # object's __del__ then fails when it is collected, here or at exit, and Python prints
+        # "Exception ignored in ..." after our last line. Such leftovers are not news.
+        sys.unraisablehook = _ignore_unraisable
+    gc.collect()
     err.print("Interrupted.")
     return 130
+
+
+def _ignore_unraisable(unraisable: Any) -> None:
+    return None
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -152,8 +163,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:  # outside a command (click answers one inside with exit code 130)
         return _interrupted()
     except SystemExit as exc:  # typer.Exit inside commands
+        if _run.interrupted:
+            return _interrupted()
         return int(exc.code or 0) if not isinstance(exc.code, str) else 1
     except Exception as exc:  # click's usage errors (typer's own copy of click, in typer >= 0.2x) and the unexpected
+        if _run.interrupted:  # what the Ctrl-C left behind (a cancelled request's error, say)
+            return _interrupted()
         if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int):
             message = getattr(exc, "message", None)
             if isinstance(message, str):  # typer's value coercion prefixes pydantic's "Value error, "
@@ -170,11 +185,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         hint = "" if _run.debug else f" (for the traceback: openenv --debug, or {DEBUG_ENV}=1)"
         print_error(f"unexpected {type(exc).__name__}: {exc}{hint}")
         return 1
+    except BaseException:  # a KeyboardInterrupt that reached a task group comes out of it in a group
+        if _run.interrupted:
+            return _interrupted()
+        raise
     finally:
         asyncio_log.removeFilter(_run.quiet_after_interrupt)
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
-    if code == 130 and _run.interrupted:
+    if _run.interrupted:  # (click answers a Ctrl-C with 130; a command may have caught it and failed)
         return _interrupted()
     return code if isinstance(code, int) else 0
 
