@@ -43,6 +43,12 @@ def silent_server() -> Iterator[socket.socket]:
     listener.close()
 
 
+def sigint_as_a_terminal_gives_it() -> None:
+    """In the child: SIGINT handled by default. A shell starts background jobs (``make test &``)
+    with SIGINT ignored, and Python then keeps ignoring it: the Ctrl-C under test would not come."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupt_a_waiting_validate(listener: socket.socket, env: Optional[dict] = None) -> subprocess.Popen:
     """``openenv validate URL`` waiting on a server that never answers, then Ctrl-C (SIGINT)."""
     port = listener.getsockname()[1]
@@ -52,6 +58,7 @@ def interrupt_a_waiting_validate(listener: socket.socket, env: Optional[dict] = 
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "NO_COLOR": "1", **(env or {})},
+        preexec_fn=sigint_as_a_terminal_gives_it,
     )
     # Its request is in flight once its connection waits in the listener's queue.
     readable, _, _ = select.select([listener], [], [], 60)
@@ -124,6 +131,7 @@ def test_what_a_ctrl_c_leaves_half_built_does_not_print_after_the_last_line(debu
         text=True,
         timeout=60,
         env={**os.environ, "NO_COLOR": "1", "OPENENV_DEBUG": "1" if debug else "0"},
+        preexec_fn=sigint_as_a_terminal_gives_it,
     )
     assert result.returncode == 130, result.stderr
     lines = result.stderr.splitlines()
