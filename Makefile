@@ -46,6 +46,7 @@ demo: $(DEMO_STAMP)  ## start the echo environment and run its quick-start again
 
 test: setup  ## lint (ruff, the import layers), then run the test suite
 	bash scripts/install-browser.sh
+	bash scripts/install-harnesses.sh npm
 	$(PY) -m ruff check src tests envs examples bench
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q
@@ -61,7 +62,7 @@ format: setup
 	$(PY) -m ruff format src tests envs examples bench
 	$(PY) -m ruff check --fix src tests envs examples bench
 
-bench: setup  ## throughput/latency/CPU vs a raw-websockets floor; sync hand-off; footprint; churn; resume; sandbox start-up; Gymnasium vector env vs local; --workers scaling; Ray replica
+bench: setup  ## throughput/latency/CPU vs a raw-websockets floor; sync hand-off; footprint; churn; resume; sandbox start-up; Gymnasium vector env vs local; --workers scaling; Ray replica; capture proxy vs a raw engine
 	$(PY) bench/bench_ws.py
 	$(PY) bench/bench_handoff.py
 	$(PY) bench/bench_footprint.py
@@ -71,6 +72,7 @@ bench: setup  ## throughput/latency/CPU vs a raw-websockets floor; sync hand-off
 	$(PY) bench/bench_gymnasium.py
 	$(PY) bench/bench_scale.py
 	$(PY) bench/bench_ray.py
+	$(PY) bench/bench_capture.py
 
 train-blackjack: $(TRAIN_STAMP)  ## CPU GRPO: a tiny LM learns blackjack through the sandboxed openspiel_env (about 2 min)
 	$(PY) examples/grpo_blackjack/train.py
@@ -82,4 +84,4 @@ template-interop:  ## run the tests of `openenv init`'s packages on upstream ope
 	bash scripts/template-interop.sh
 
 clean:
-	rm -rf $(VENV) .venv-newest .venv-verifiers .venv-verifiers.lock build dist src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) .harnesses .venv-newest .venv-verifiers .venv-verifiers.lock build dist src/*.egg-info .pytest_cache .ruff_cache
