@@ -4,13 +4,18 @@ when the proxy is killed (kill -9) and restarted.
 
 The engine here is a small real HTTP server that answers with a fixed vLLM-shaped completion after
 a delay the test chooses, or with an error: what a real engine does when it is slow or failing,
-which the tiny engine cannot be told to do on cue."""
+which the tiny engine cannot be told to do on cue. The kill -9 test runs the tiny real engine."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -19,11 +24,12 @@ from typing import Any, Dict, Iterator, List, Optional
 import httpx
 import pytest
 import uvicorn
-from openenv.core.harness.capture import CaptureLimits, CaptureServer
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+
+from openenv.core.harness.capture import CaptureLimits, CaptureServer
 
 
 def vllm_answer(request: Dict[str, Any], turn: int) -> Dict[str, Any]:
@@ -355,3 +361,82 @@ def test_the_session_limit_refuses_more_with_429(engine, tmp_path):
             proxy.create_session()
     finally:
         proxy.stop()
+
+
+# --- durability: kill -9 and restart -------------------------------------------------------------
+
+
+def start_proxy_process(engine_url: str, journal: Path, port: int = 0) -> tuple:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "openenv.core.harness.capture.server", "--llm-url", engine_url,
+         "--port", str(port), "--journal-dir", str(journal)],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert process.stderr is not None
+    line = process.stderr.readline()
+    match = re.search(r"on (http://\S+?);", line)
+    assert match, line + process.stderr.read()
+    url = match.group(1)
+    for _ in range(200):
+        try:
+            httpx.get(url + "/health").raise_for_status()
+            break
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    return process, url
+
+
+def test_kill_9_mid_rollout_loses_no_answered_turn(tmp_path):
+    pytest.importorskip("torch")
+    openai = pytest.importorskip("openai")
+    from openenv.testing.tiny_engine import TinyEngine
+
+    journal = tmp_path / "journal"
+    with TinyEngine.build().serve() as engine:
+        process, url = start_proxy_process(engine.base_url, journal)
+        admin_key = (journal / "admin_key").read_text().strip()
+        admin = {"Authorization": f"Bearer {admin_key}"}
+        key = httpx.post(url + "/sessions", headers=admin, json={}).json()["api_key"]
+        client = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
+        messages: List[Dict[str, Any]] = [{"role": "user", "content": "List the files."}]
+        for turn in range(3):
+            message = client.chat.completions.create(model=engine.model, messages=messages, max_tokens=24, seed=turn)
+            messages.append({"role": "assistant", "content": message.choices[0].message.content or ""})
+            messages.append({"role": "user", "content": "Go on."})
+        before = httpx.get(f"{url}/sessions/{key}/trace_entries", headers=admin).json()["entries"]
+        assert len(before) == 3
+
+        # A fourth call is in flight (a long answer) when the proxy is killed.
+        in_flight = threading.Thread(
+            target=lambda: _ignore_errors(
+                lambda: client.chat.completions.create(model=engine.model, messages=messages, max_tokens=400, seed=9)
+            )
+        )
+        in_flight.start()
+        time.sleep(0.3)
+        port = int(url.rsplit(":", 1)[1])
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(10)
+        in_flight.join(60)
+
+        process, url = start_proxy_process(engine.base_url, journal, port=port)
+        try:
+            after = httpx.get(f"{url}/sessions/{key}/trace_entries", headers=admin).json()["entries"]
+            assert len(after) >= 3
+            assert after[:3] == before  # every answered turn, exactly as it was
+            # The rollout goes on where it stopped: the next turn extends the last answered one.
+            client = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
+            client.chat.completions.create(model=engine.model, messages=messages, max_tokens=8, seed=5)
+            rollout = httpx.get(f"{url}/sessions/{key}/rollout", headers=admin).json()
+            assert rollout["stats"]["n_roots"] == 1
+            assert len(rollout["turns"]) == len(after) + 1
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(10)
+
+
+def _ignore_errors(call: Any) -> None:
+    try:
+        call()
+    except Exception:
+        pass

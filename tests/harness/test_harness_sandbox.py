@@ -434,6 +434,25 @@ async def test_lines_go_in_and_come_out(tmp_path: Path, sandboxed: bool) -> None
     assert await process.read_line(timeout_s=0.05) is None
 
 
+@pytest.mark.parametrize("sandboxed", [False, pytest.param(True, marks=needs_bwrap)], ids=["plain", "sandbox"])
+async def test_a_one_shot_cli_gets_its_input_closed(tmp_path: Path, sandboxed: bool) -> None:
+    """A CLI run for one task reads its input to the end before it starts (codex exec does)."""
+    reads_all = "import sys\ndata = sys.stdin.read()\nprint(f'read {len(data)} bytes, starting', flush=True)"
+    sandbox = HarnessSandbox(tmp_path) if sandboxed else None
+    closed = HarnessProcess([PYTHON, "-I", "-c", reads_all], tmp_path, sandbox=sandbox, stdin="closed")
+    await closed.start()
+    assert await closed.read_line(timeout_s=20) == "read 0 bytes, starting"
+    await closed.stop()
+    piped = HarnessProcess(
+        [PYTHON, "-I", "-c", reads_all], tmp_path, sandbox=HarnessSandbox(tmp_path) if sandboxed else None
+    )
+    await piped.start()
+    assert await piped.read_line(timeout_s=1.0) is None  # still waiting for its input to end
+    piped.close_stdin()
+    assert await piped.read_line(timeout_s=20) == "read 0 bytes, starting"
+    await piped.stop()
+
+
 async def test_start_times_out_without_a_ready_line(tmp_path: Path) -> None:
     process = HarnessProcess([PYTHON, "-c", "import time; time.sleep(30)"], tmp_path, startup_timeout_s=0.5)
     with pytest.raises(HarnessStartupError, match=r"not ready within 0\.5 s"):

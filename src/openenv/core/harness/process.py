@@ -251,7 +251,10 @@ class HarnessProcess:
         terminate_grace_s: float = 5.0,
         *,
         sandbox: Optional[HarnessSandbox] = None,
+        stdin: str = "pipe",
     ) -> None:
+        if stdin not in ("pipe", "closed"):
+            raise ValueError(f"stdin must be 'pipe' or 'closed', not {stdin!r}")
         if isinstance(command, (str, bytes)) or not command or not all(isinstance(p, str) for p in command):
             raise ValueError(f"command must be a non-empty list of strings, not {command!r}")
         self.command: List[str] = list(command)
@@ -260,6 +263,7 @@ class HarnessProcess:
         self.startup_timeout_s = float(startup_timeout_s)
         self.terminate_grace_s = float(terminate_grace_s)
         self.sandbox = sandbox
+        self.stdin = stdin
         self._proc: Optional[subprocess.Popen] = None
         self._exit_fd: Optional[int] = None  # a pidfd: readable once the process has exited
         self._init_pidfd: Optional[int] = None  # the sandbox's pid 1
@@ -409,6 +413,8 @@ class HarnessProcess:
                 self._stderr.append(_decode_line(data))
 
         self._pipes.started(lambda data: lines.put(_decode_line(data)), lines.end, on_stderr, self.command[0])
+        if self.stdin == "closed":
+            self.close_stdin()
 
     # --- sandboxed start -------------------------------------------------------------------------
 
@@ -642,6 +648,14 @@ class HarnessProcess:
                 f"harness {self.command[0]!r} is not reading its input (exit code {self.returncode}): {exc}"
             ) from None
 
+    def close_stdin(self) -> None:
+        """End the harness's input (it reads end of file). Agent CLIs run for one task, such as
+        ``codex exec`` or ``opencode run``, wait for their input to end before they start:
+        ``stdin="closed"`` does this as soon as the process starts."""
+        pipes = self._pipes
+        if pipes is not None:
+            pipes.close_input()
+
     def _write(self, data: bytes) -> None:
         pipes = self._pipes
         if pipes is None:
@@ -852,6 +866,10 @@ class _Pipes:
             view = memoryview(data)
             while view:
                 view = view[os.write(self.stdin_w, view) :]
+
+    def close_input(self) -> None:
+        with self._write_lock:
+            self._close(self.stdin_w)
 
     def join(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
