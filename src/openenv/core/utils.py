@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import ipaddress
+import json
 import os
 import re
 import stat
 import sys
 import threading
 from dataclasses import dataclass
-from typing import AsyncIterator, Awaitable, Optional, TypeVar, Union
+from typing import Any, AsyncIterator, Awaitable, Optional, TypeVar, Union
 from urllib.parse import urlsplit, urlunsplit
 
 T = TypeVar("T")
@@ -228,3 +230,10 @@ def run_async_safely(coro: Awaitable[T]) -> T:
     if "error" in box:
         raise box["error"]
     return box["value"]
+
+
+def prompt_seed(prompt: Any) -> int:
+    """A seed that depends only on ``prompt`` (a string or a list of chat messages): every
+    rollout of a GRPO group gets the same task (used by the TRL adapter and harness rollouts)."""
+    text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, default=str)
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big") & 0x7FFFFFFF

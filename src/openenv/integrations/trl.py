@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
 import inspect
 import json
 import threading
@@ -41,6 +40,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..core.client_types import StepResult
 from ..core.env_client import EnvClient
 from ..core.sync_client import LoopThread
+from ..core.utils import prompt_seed
 
 __all__ = ["EnvRollout", "EnvironmentFactory", "env_reward", "observation_text", "prompt_seed", "require_trl"]
 
@@ -60,12 +60,6 @@ def require_trl(feature: str) -> None:
         raise ImportError(f"openenv.integrations.trl needs TRL, which is not installed; {_INSTALL_HINT}") from exc
     if feature not in inspect.signature(GRPOTrainer.__init__).parameters:
         raise ImportError(f"TRL {trl.__version__} has no GRPOTrainer({feature}=...); {_INSTALL_HINT}")
-
-
-def prompt_seed(prompt: Any) -> int:
-    """A seed that depends only on ``prompt`` (a string or a list of chat messages)."""
-    text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, default=str)
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big") & 0x7FFFFFFF
 
 
 def _seed_from_prompt(prompt: Any) -> Dict[str, Any]:

@@ -27,6 +27,11 @@ Logprobs are vLLM's default ``raw_logprobs``: the model's own distribution, befo
 top-k, top-p or min-p (``logprobs_mode="processed_logprobs"`` gives those of the distribution
 sampled from; at temperature 1 with those filters off the two agree).
 
+Where it differs from vLLM: a stream sends a tool call whole (name and arguments) with the answer's
+last token rather than argument by argument, so that streamed and whole answers always agree;
+``tool_choice`` "required" or a named function are parsed like "auto" (nothing forces the call);
+several choices (``n``) are sampled one after the other; requests share the model step by step.
+
 torch and transformers are not in the core install: they are imported only when a model is built
 or loaded (``pip install 'openenv[train]' 'transformers>=5.2'``).
 """
@@ -453,7 +458,8 @@ class Completion:
 
 
 def _register_attention(torch: Any) -> None:
-    """Register the model's attention with transformers (see :data:`WINDOW`), once per process."""
+    """Register the model's attention with transformers under its own name (see :data:`WINDOW`);
+    registering again replaces it with the same."""
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -493,8 +499,10 @@ class TinyEngine:
     """The tiny model and its tokenizer, loaded from a directory :func:`build_model` made.
 
     ``tokenizer`` is a transformers tokenizer with the chat template set, for tests that compare
-    token ids. :meth:`render` and :meth:`generate` are what the server runs; :meth:`serve` serves
-    the engine. Requests may run on several threads: the model takes one step of one at a time.
+    token ids; ``model`` the Qwen2 model, its attention that of :data:`WINDOW` (a plain
+    ``AutoModelForCausalLM.from_pretrained`` of the directory computes the same on sequences of up
+    to ``WINDOW`` tokens). :meth:`render` and :meth:`generate` are what the server runs; :meth:`serve`
+    serves the engine. Requests may run on several threads: the model takes one step of one at a time.
     """
 
     def __init__(
