@@ -36,7 +36,7 @@ $(TRAIN_STAMP): $(DEMO_STAMP) envs/openspiel_env/pyproject.toml
 	touch $@
 
 $(STAMP): $(TRAIN_STAMP) $(addsuffix /pyproject.toml,$(ENVS))
-	$(PIP) install --quiet -e ".[core,dev,train,trl,evals,gradio]" $(addprefix -e ,$(ENVS))
+	$(PIP) install --quiet -e ".[core,dev,train,trl,evals,gradio,capture]" $(addprefix -e ,$(ENVS))
 	touch $@
 
 setup: $(STAMP)  ## create .venv with the project, its dev tools and every environment package

@@ -12,9 +12,8 @@ graph, journals it, and replies.
 - throughput: ``--concurrency`` calls in flight for ``--seconds``; calls/s of the proxy on its
   one core, beside the floor's calls/s.
 
-Each call of the latency run continues the same rollout (its prompt extends the last turn's
-tokens), so the graph grows as an agent's does; the throughput run spreads calls over 64
-sessions.
+The latency run plays rollouts of 20 turns, one session each, whose prompts extend the last
+turn's tokens as an agent's do; the throughput run spreads calls over 64 sessions.
 
     python bench/bench_capture.py [--calls 2000] [--seconds 5] [--concurrency 16] [--prompt-tokens 2000]
 """
@@ -170,13 +169,15 @@ def chat_request(turn: int) -> Dict[str, Any]:
     }
 
 
-async def latency(url: str, key: str, calls: int) -> List[float]:
+async def latency(url: str, keys: List[str], calls: int) -> List[float]:
+    """One call at a time; each rollout (session) is MAX_TURNS turns long, as one agent's episode."""
     took: List[float] = []
-    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
         for i in range(calls + 100):
             body = chat_request(i % MAX_TURNS)
+            key = keys[(i // MAX_TURNS) % len(keys)]
             started = time.perf_counter()
-            response = await client.post("/v1/chat/completions", json=body)
+            response = await client.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
             elapsed = time.perf_counter() - started
             if response.status_code != 200:
                 raise SystemExit(f"{url}: {response.status_code} {response.text[:300]}")
@@ -235,13 +236,13 @@ def main() -> None:
                     break
                 except httpx.HTTPError:
                     time.sleep(0.05)
-            key = admin.post("/sessions", json={}).json()["api_key"]
-            keys = [admin.post("/sessions", json={}).json()["api_key"] for _ in range(64)]
-            floor_took = asyncio.run(latency(engine, "none", args.calls))
-            proxy_took = asyncio.run(latency(url, key, args.calls))
+            rollouts = (args.calls + 100) // MAX_TURNS + 1
+            keys = [admin.post("/sessions", json={}).json()["api_key"] for _ in range(max(rollouts, 64))]
+            floor_took = asyncio.run(latency(engine, ["none"], args.calls))
+            proxy_took = asyncio.run(latency(url, keys, args.calls))
             floor_rate = asyncio.run(throughput(engine, ["none"], args.seconds, args.concurrency))
             proxy_rate = asyncio.run(throughput(url, keys, args.seconds, args.concurrency))
-            turns = admin.get(f"/sessions/{key}").json()["n_turns"]
+            turns = admin.get(f"/sessions/{keys[0]}").json()["n_turns"]
         finally:
             proxy.terminate()
             proxy.wait(10)
@@ -249,7 +250,7 @@ def main() -> None:
     f50, f99 = percentile(floor_took, 0.5) * us, percentile(floor_took, 0.99) * us
     p50, p99 = percentile(proxy_took, 0.5) * us, percentile(proxy_took, 0.99) * us
     print(f"capture proxy, {args.calls} sequential chat calls ({args.prompt_tokens}-token prompts, {SAMPLED} sampled),"
-          f" {turns} turns journalled in one rollout; proxy pinned to core {proxy_core}")  # fmt: skip
+          f" in rollouts of {turns} turns, each journalled; proxy pinned to core {proxy_core}")  # fmt: skip
     print(f"{'':18}{'p50 µs':>10}{'p99 µs':>10}{'mean µs':>10}")
     print(f"{'floor (direct)':18}{f50:10.0f}{f99:10.0f}{statistics.mean(floor_took) * us:10.0f}")
     print(f"{'through proxy':18}{p50:10.0f}{p99:10.0f}{statistics.mean(proxy_took) * us:10.0f}")

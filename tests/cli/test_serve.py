@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from openenv.core.client_errors import CapacityReachedError
+from openenv.core.containers.runtime._linux import descendants
 from openenv.core.generic_client import GenericEnvClient
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,20 +114,6 @@ class Served:
         self.stop()
 
 
-def _descendants(pid: int) -> List[int]:
-    found, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        for task in Path(f"/proc/{parent}/task").glob("*"):
-            try:
-                children = [int(c) for c in (task / "children").read_text().split()]
-            except (OSError, ValueError):
-                continue
-            found.extend(children)
-            frontier.extend(children)
-    return found
-
-
 def test_the_printed_snippet_works_when_pasted_and_ctrl_c_stops_everything():
     served = Served(str(ECHO))
     try:
@@ -137,7 +124,7 @@ def test_the_printed_snippet_works_when_pasted_and_ctrl_c_stops_everything():
         assert "echoed_message='Echo environment ready!'" in pasted.stdout
         assert "['echo_message', 'echo_with_length']" in pasted.stdout
         assert httpx.get(f"{served.url}/health", timeout=10).json() == {"status": "healthy"}
-        below = _descendants(served.process.pid)
+        below = descendants(served.process.pid)
         assert below  # the sandbox runs under the command
     finally:
         code, _, err = served.stop(signal.SIGINT)

@@ -201,6 +201,37 @@ def test_it_listens_on_loopback_unless_told_and_refuses_a_public_bind_without_a_
         CaptureServer(llm_url=engine.url, port=0, host="0.0.0.0", journal_dir=str(tmp_path / "k"))
 
 
+@pytest.mark.parametrize("client", ["httpx", "aiohttp"])
+def test_engine_calls_work_through_either_http_client(engine, tmp_path, monkeypatch, client):
+    """aiohttp when installed (openenv[capture]), httpx otherwise: the same answers and errors."""
+    if client == "aiohttp":
+        pytest.importorskip("aiohttp")
+    monkeypatch.setenv("OPENENV_CAPTURE_HTTP_CLIENT", client)
+    proxy = make_proxy(engine, tmp_path)
+    try:
+        still_serves(proxy)
+        engine.fail_with = (503, {"error": {"message": "overloaded"}})
+        key = proxy.create_session()["api_key"]
+        answer = chat(proxy.url, key)
+        assert answer.status_code == 502 and "overloaded" in answer.json()["error"]["message"]
+        assert len(engine.calls) == 1 + 3  # retried twice after the first 503
+    finally:
+        proxy.stop()
+
+
+def test_an_engine_that_is_not_there_is_named(tmp_path):
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    proxy = CaptureServer(llm_url=f"http://127.0.0.1:{port}", port=0, journal_dir=str(tmp_path / "j")).start()
+    try:
+        answer = chat(proxy.url, proxy.create_session()["api_key"])
+        assert answer.status_code == 502
+        assert f"no engine answers at http://127.0.0.1:{port}/v1" in answer.json()["error"]["message"]
+    finally:
+        proxy.stop()
+
+
 # --- bounds --------------------------------------------------------------------------------------
 
 

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
+from openenv.core.containers.runtime._linux import descendants as _descendants
 from openenv.core.containers.runtime.isolation import Limits
 
 from .errors import HarnessError, HarnessNotRunningError, HarnessStartupError, HarnessTurnTimeoutError
@@ -937,22 +938,6 @@ def _read_all(fd: int) -> bytes:
         if not chunk:
             return b"".join(chunks)
         chunks.append(chunk)
-
-
-def _descendants(pid: int) -> List[int]:
-    """Host pids of every process below ``pid`` (through each thread's children list)."""
-    found: List[int] = []
-    frontier = [pid]
-    while frontier:
-        parent = frontier.pop()
-        for task in Path(f"/proc/{parent}/task").glob("*"):
-            try:
-                children = [int(c) for c in (task / "children").read_text().split()]
-            except (OSError, ValueError):
-                continue
-            found.extend(children)
-            frontier.extend(children)
-    return found
 
 
 def _namespace_pid(pid: int) -> Optional[int]:

@@ -8,7 +8,8 @@ import os
 import signal
 import socket
 import struct
-from typing import Iterable, Optional
+from pathlib import Path
+from typing import Iterable, List, Optional
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000
@@ -130,3 +131,19 @@ def close_fds(keep: Iterable[int] = (0, 1, 2)) -> None:
         if fd > low:
             os.closerange(low, min(fd, os.sysconf("SC_OPEN_MAX")))
         low = fd + 1
+
+
+def descendants(pid: int) -> List[int]:
+    """Host pids of every process below ``pid`` (through each of its threads' children lists)."""
+    found: List[int] = []
+    frontier = [pid]
+    while frontier:
+        parent = frontier.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                children = [int(c) for c in (task / "children").read_text().split()]
+            except (OSError, ValueError):
+                continue
+            found.extend(children)
+            frontier.extend(children)
+    return found

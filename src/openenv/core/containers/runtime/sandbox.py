@@ -41,6 +41,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ...manifest import EnvManifest
 from . import seccomp
 from ._app_import import unreadable_message
+from ._linux import descendants
 from .isolation import (
     BwrapCommand,
     Cgroup,
@@ -127,19 +128,7 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _descendants(pid: int) -> list:
-    """Host pids of every process below ``pid``."""
-    found, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        for task in Path(f"/proc/{parent}/task").glob("*"):
-            try:
-                children = [int(c) for c in (task / "children").read_text().split()]
-            except (OSError, ValueError):
-                continue
-            found.extend(children)
-            frontier.extend(children)
-    return found
+_descendants = descendants  # (the name tests and older callers use)
 
 
 def _listener(path: Path, tcp: Optional[Tuple[str, int]] = None) -> socket.socket:

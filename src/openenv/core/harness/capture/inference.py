@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -123,16 +124,10 @@ class InferenceClient:
         headers = {}
         if api_key:
             headers[auth_header] = f"Bearer {api_key}" if auth_header.lower() == "authorization" else api_key
-        transport = httpx.AsyncHTTPTransport(uds=uds) if uds else None
-        self._client = httpx.AsyncClient(
-            headers=headers,
-            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-            transport=transport,
-        )
+        self._http = _transport(headers, timeout_s, max_connections, uds)
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._http.aclose()
 
     async def list_models(self) -> Dict[str, Any]:
         response = await self._request("GET", "/models", None)
@@ -166,37 +161,115 @@ class InferenceClient:
 
     async def _request(self, method: str, path: str, body: Optional[Dict[str, Any]]) -> Dict[str, Any]:
         url = self.base_url + path
+        data = None if body is None else json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
         last: Optional[Exception] = None
         for attempt in range(self.attempts):
             try:
-                response = await self._client.request(method, url, json=body)
-            except httpx.TimeoutException as exc:
-                raise UpstreamTimeoutError(f"the engine at {self.base_url} did not answer in time ({exc!r})") from exc
-            except httpx.TransportError as exc:
-                last = UpstreamTransportError(f"no engine answers at {self.base_url} ({type(exc).__name__}: {exc})")
+                status, headers, raw = await self._http.request(method, url, data)
+            except asyncio.TimeoutError as exc:
+                raise UpstreamTimeoutError(f"the engine at {self.base_url} did not answer in time") from exc
+            except OSError as exc:  # refused, reset, unreachable (each library's errors are wrapped so)
+                last = UpstreamTransportError(f"no engine answers at {self.base_url} ({exc})")
                 await asyncio.sleep(min(2**attempt * 0.25, 4.0) * (0.5 + random.random()))
                 continue
             try:
-                payload: Any = response.json()
+                payload: Any = json.loads(raw)
             except ValueError:
-                payload = response.text
-            if response.status_code < 400:
+                payload = raw.decode("utf-8", "replace")
+            if status < 400:
                 if not isinstance(payload, dict):
                     raise UpstreamHTTPError(
                         502, payload, f"the engine answered something that is not a JSON object: {str(payload)[:200]}"
                     )
                 return payload
-            error = UpstreamHTTPError(response.status_code, payload)
-            if response.status_code not in RETRIED_STATUSES or attempt + 1 == self.attempts:
+            error = UpstreamHTTPError(status, payload)
+            if status not in RETRIED_STATUSES or attempt + 1 == self.attempts:
                 raise error
             last = error
-            await asyncio.sleep(_retry_after(response, attempt))
+            await asyncio.sleep(_retry_after(headers.get("retry-after", ""), attempt))
         assert last is not None
         raise last
 
 
-def _retry_after(response: httpx.Response, attempt: int) -> float:
-    raw = response.headers.get("retry-after", "")
+class _Httpx:
+    """Engine calls through httpx (always installed)."""
+
+    def __init__(self, headers: Dict[str, str], timeout_s: float, max_connections: int, uds: Optional[str]) -> None:
+        self._client = httpx.AsyncClient(
+            headers={**headers, "content-type": "application/json"},
+            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            transport=httpx.AsyncHTTPTransport(uds=uds) if uds else None,
+        )
+
+    async def request(self, method: str, url: str, data: Optional[bytes]) -> Tuple[int, Dict[str, str], bytes]:
+        try:
+            response = await self._client.request(method, url, content=data)
+        except httpx.TimeoutException as exc:
+            raise asyncio.TimeoutError(str(exc)) from exc
+        except httpx.TransportError as exc:
+            raise OSError(f"{type(exc).__name__}: {exc}") from exc
+        return response.status_code, {k.lower(): v for k, v in response.headers.items()}, response.content
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+class _Aiohttp:
+    """Engine calls through aiohttp when it is installed (``pip install 'openenv[capture]'``): about
+    half the client-side cost of httpx per call, which is most of what the proxy adds."""
+
+    def __init__(self, headers: Dict[str, str], timeout_s: float, max_connections: int, uds: Optional[str]) -> None:
+        self._headers = {**headers, "content-type": "application/json"}
+        self._timeout_s = timeout_s
+        self._max_connections = max_connections
+        self._uds = uds
+        self._session: Any = None  # made on the loop that uses it
+
+    def _open(self) -> Any:
+        import aiohttp
+
+        if self._session is None or self._session.closed:
+            connector = (
+                aiohttp.UnixConnector(path=self._uds, limit=self._max_connections)
+                if self._uds
+                else aiohttp.TCPConnector(limit=self._max_connections, ttl_dns_cache=300)
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                headers=self._headers,
+                timeout=aiohttp.ClientTimeout(total=self._timeout_s, connect=min(self._timeout_s, 10.0)),
+            )
+        return self._session
+
+    async def request(self, method: str, url: str, data: Optional[bytes]) -> Tuple[int, Dict[str, str], bytes]:
+        import aiohttp
+
+        try:
+            async with self._open().request(method, url, data=data) as response:
+                return response.status, {k.lower(): v for k, v in response.headers.items()}, await response.read()
+        except aiohttp.ClientConnectionError as exc:
+            raise OSError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+def _transport(headers: Dict[str, str], timeout_s: float, max_connections: int, uds: Optional[str]) -> Any:
+    choice = os.environ.get("OPENENV_CAPTURE_HTTP_CLIENT", "").strip().lower()
+    if choice != "httpx":
+        try:
+            import aiohttp  # noqa: F401
+        except ImportError:
+            if choice == "aiohttp":
+                raise ImportError("OPENENV_CAPTURE_HTTP_CLIENT=aiohttp: pip install 'openenv[capture]'") from None
+        else:
+            return _Aiohttp(headers, timeout_s, max_connections, uds)
+    return _Httpx(headers, timeout_s, max_connections, uds)
+
+
+def _retry_after(raw: str, attempt: int) -> float:
     try:
         return min(max(float(raw), 0.0), 60.0)
     except ValueError:

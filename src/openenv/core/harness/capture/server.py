@@ -425,17 +425,14 @@ class _Call:
                 return _budget_reply(asked_model)
             try:
                 answer = await asyncio.wait_for(engine.completion(engine_request), timeout=limits.upstream_timeout_s)
-            except asyncio.TimeoutError:
-                proxy.registry.record_unrecorded_call(session, "timeout")
+            except (asyncio.TimeoutError, UpstreamTimeoutError) as exc:
+                proxy.registry.record_unrecorded_call(session, "timeout", str(exc))
                 raise _Refusal(
                     504,
                     f"the engine did not answer within {limits.upstream_timeout_s:g} s"
                     " (OPENENV_CAPTURE_UPSTREAM_TIMEOUT_S)",
                     "timeout_error",
                 ) from None
-            except UpstreamTimeoutError as exc:
-                proxy.registry.record_unrecorded_call(session, "timeout", str(exc))
-                raise _Refusal(504, str(exc), "timeout_error") from None
             except UpstreamHTTPError as exc:
                 if is_context_length_error(exc):
                     session.findings.append(Finding(level="WARN", code="context_budget_exhausted", detail=str(exc)))
@@ -620,61 +617,57 @@ def create_app(
         refused = admin(request)
         return refused or JSONResponse({"sessions": [s.summary() for s in registry.all()]})
 
-    @app.get("/sessions/{session_id}")
-    async def session_details(session_id: str, request: Request) -> Response:
+    def admin_session(request: Request, session_id: str) -> Any:
+        """The session an admin route names, or the response that refuses the request."""
         refused = admin(request)
         if refused:
             return refused
         session = registry.get(session_id)
-        return JSONResponse(session.details()) if session else unknown()
+        return session if session is not None else unknown()
+
+    def exported(session: CaptureSession, convert: Any) -> Response:
+        """``convert(graph, document)`` of the session's rollout; 409 when it cannot be converted."""
+        try:
+            document = export_session(session, capture_level=session.capture_level)
+            return JSONResponse(convert(session.graph, document))
+        except (ValueError, TypeError, KeyError) as exc:
+            error = {"error": f"{type(exc).__name__}: {exc}", "session_id": session.session_id}
+            return JSONResponse(error, status_code=409)
+
+    @app.get("/sessions/{session_id}")
+    async def session_details(session_id: str, request: Request) -> Response:
+        found = admin_session(request, session_id)
+        return found if isinstance(found, Response) else JSONResponse(found.details())
 
     @app.get("/sessions/{session_id}/rollout")
     async def session_rollout(
         session_id: str, request: Request, include_discarded: bool = False, include_messages: bool = False
     ) -> Response:
-        refused = admin(request)
-        if refused:
-            return refused
-        session = registry.get(session_id)
-        if session is None:
-            return unknown()
-        document = export_session(
-            session,
-            include_discarded=include_discarded,
-            include_messages=include_messages,
-            capture_level=session.capture_level,
+        found = admin_session(request, session_id)
+        if isinstance(found, Response):
+            return found
+        return JSONResponse(
+            export_session(
+                found,
+                include_discarded=include_discarded,
+                include_messages=include_messages,
+                capture_level=found.capture_level,
+            )
         )
-        return JSONResponse(document)
 
     @app.get("/sessions/{session_id}/trace_entries")
     async def session_trace_entries(session_id: str, request: Request) -> Response:
-        refused = admin(request)
-        if refused:
-            return refused
-        session = registry.get(session_id)
-        if session is None:
-            return unknown()
-        try:
-            document = export_session(session, capture_level=session.capture_level)
-            entries = to_trace_entries(session.graph, document)
-        except (ValueError, TypeError, KeyError) as exc:
-            return JSONResponse({"error": f"{type(exc).__name__}: {exc}", "session_id": session_id}, status_code=409)
-        return JSONResponse({"session_id": session_id, "entries": entries})
+        found = admin_session(request, session_id)
+        if isinstance(found, Response):
+            return found
+        return exported(found, lambda graph, doc: {"session_id": session_id, "entries": to_trace_entries(graph, doc)})
 
     @app.get("/sessions/{session_id}/training_trace")
     async def session_training_trace(session_id: str, request: Request) -> Response:
-        refused = admin(request)
-        if refused:
-            return refused
-        session = registry.get(session_id)
-        if session is None:
-            return unknown()
-        try:
-            document = export_session(session, capture_level=session.capture_level)
-            trace = to_training_trace(session.graph, document)
-        except (ValueError, TypeError, KeyError) as exc:
-            return JSONResponse({"error": f"{type(exc).__name__}: {exc}", "session_id": session_id}, status_code=409)
-        return JSONResponse(trace.model_dump(mode="json"))
+        found = admin_session(request, session_id)
+        if isinstance(found, Response):
+            return found
+        return exported(found, lambda graph, doc: to_training_trace(graph, doc).model_dump(mode="json"))
 
     @app.delete("/sessions/{session_id}")
     async def delete_session(session_id: str, request: Request) -> Response:
