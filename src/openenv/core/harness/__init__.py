@@ -57,6 +57,9 @@ _EXPORTS = {
     "HarnessAction": ".environment",
     "JsonLinesHarnessAdapter": ".agentic_adapters",
     "ClaudeCodeHarnessAdapter": ".agentic_adapters",
+    "CapturedAgentSession": ".captured",
+    "CapturedAgentSessionFactory": ".captured",
+    "AgentCLIRunner": ".cli_runner",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
