@@ -74,9 +74,9 @@ def _help(
 
 
 def _register() -> None:
-    from openenv.cli.commands import build, fork, init, list_envs, push, serve, skills, validate
+    from openenv.cli.commands import build, collect, evaluate, fork, init, list_envs, push, serve, skills, validate
 
-    for module in (init, serve, validate, build, push, list_envs, fork, skills):
+    for module in (init, serve, validate, build, push, list_envs, fork, collect, evaluate, skills):
         module.register(app)
     app.command("help")(_help)
     for command in app.registered_commands:
