@@ -633,3 +633,94 @@ def test_a_hung_server_gives_timeouts_and_the_command_ends(
             assert "did not complete the connection in time" in r["error"]["message"]
     assert all(r["timings"]["total_s"] < 10 for r in failed)  # the 6 s deadline, not the 120 s call timeout
     assert took < 60
+
+
+# --- eval --harness: a real agent CLI (Claude Code) in the sandbox ----------------------------------
+
+
+def test_eval_with_the_claude_code_harness_captures_every_rollout(tmp_path: Path) -> None:
+    """``openenv eval --harness claude-code``: the real Claude Code CLI, sandboxed, plays each task of
+    shell_env (served in the sandbox by eval) with the environment's tools as its MCP server and the
+    tiny engine (trained to call ``mcp__env__run_command``, the name Claude Code shows it) behind the
+    capture proxy. Whatever the weak model does, every record has the captured turns' tokens, the
+    agent's exit code, and a reward (or unscored) or a recorded failure cause."""
+    for module in ("torch", "transformers"):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"the tiny engine needs {module}")
+    pytest.importorskip("shell_env", reason="shell_env is not installed (pip install -e envs/shell_env)")
+    from openenv.core.containers.runtime.isolation import find_bwrap
+    from openenv.core.harness import agents
+    from openenv.testing.tiny_engine import EngineServer
+
+    if find_bwrap() is None:
+        pytest.skip("the agent and shell_env run in bubblewrap, which is not installed")
+    root = agents.harness_dir(ROOT / ".harnesses")
+    if agents.installed("claude-code", root) is None:
+        pytest.skip(f"claude-code is not installed in {root}: run `bash scripts/install-harnesses.sh claude-code`")
+    out = tmp_path / "agent"
+    with EngineServer(tool_name="mcp__env__run_command", threads=1) as engine:
+        run = cli(
+            "eval",
+            str(SHELL),
+            "--harness",
+            "claude-code",
+            "--model-url",
+            engine.base_url,
+            "-o",
+            str(out),
+            "--tasks",
+            "3",
+            "--concurrency",
+            "2",
+            "--max-turns",
+            "2",
+            "--max-tokens",
+            "96",
+            "--temperature",
+            "0.01",  # near-greedy: the tiny model then mostly calls its tool
+            "--timeout",
+            "200",
+            env={"OPENENV_HARNESS_DIR": str(root)},
+            timeout=600,
+        )
+    assert run.returncode in (0, 1), run.stderr
+    records = lines_of(out / "results.jsonl")
+    assert sorted(r["episode_id"] for r in records) == [f"task-{i:06d}-0" for i in range(3)], run.stderr
+    print(f"\n{run.stderr[-1500:]}")
+    for r in records:
+        extra = r["extra"]
+        assert extra["harness"] == "claude-code" and "exit_code" in extra
+        tokens = r["tokens"]
+        # the agent's model calls, as the proxy captured them, with the engine's token ids
+        assert 1 <= len(tokens["turns"]) <= 2, (r["error"], extra)
+        assert tokens["ids"] is True and tokens["total"] == tokens["prompt"] + tokens["completion"] > 0
+        assert r["trace"]["rollout_type"] == "eval" and r["timings"]["model_calls"] == len(tokens["turns"])
+        # the conversation as the agent's model last saw it (Claude Code's own prompt), and its answer
+        assert r["messages"][-1]["role"] == "assistant" and "trace_error" not in r["metrics"]
+        if r["status"] == "failed":
+            assert r["error"]["cause"] in ("agent_error", "agent_timeout", "env_lost", "env_error", "harness_error")
+            continue
+        assert extra["exit_code"] == 0 and r["error"] is None
+        # every tool call the agent made reached the environment, and the reward is its last step's
+        assert all(t["tool_name"] == "run_command" for t in r["tool_trace"])
+        assert r["timings"]["tool_calls"] == len(r["tool_trace"])
+        if r["tool_trace"]:
+            assert r["status"] == "ok" and r["reward"] == r["tool_trace"][-1]["result"]["metadata"]["reward"]
+        else:
+            assert r["status"] == "unscored" and r["reward"] is None
+    metadata = json.loads((out / "metadata.json").read_text())
+    assert metadata["harness"] == "claude-code" and metadata["capture"] is True
+    assert json.loads((out / "summary.json").read_text())["rollouts"] == 3
+
+
+def test_eval_harness_errors_name_what_is_supported_and_how_to_install(tmp_path: Path) -> None:
+    """A harness eval cannot run, or one not installed: a clear error before anything starts."""
+    base = ["eval", str(SHELL), "--model-url", "http://127.0.0.1:9/v1", "-o", str(tmp_path / "x")]
+    other = cli(*base, "--harness", "codex")
+    assert other.returncode != 0 and "codex" in other.stderr and "claude-code" in other.stderr
+    unknown = cli(*base, "--harness", "nope")
+    assert unknown.returncode != 0 and "claude-code" in unknown.stderr
+    missing = cli(*base, "--harness", "claude-code", env={"OPENENV_HARNESS_DIR": str(tmp_path / "none")})
+    assert missing.returncode != 0, missing.stderr
+    assert "bash scripts/install-harnesses.sh claude-code" in " ".join(missing.stderr.split())
+    assert not (tmp_path / "x").exists()  # nothing was started or written

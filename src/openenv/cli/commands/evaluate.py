@@ -14,6 +14,10 @@ tools, or one ``act`` tool whose arguments are its action), and writes:
   rollout, failures by cause and charts, in one self-contained page; ``DIR/summary.json``: the
   same figures as JSON; ``DIR/metadata.json``: how the rollouts were made.
 
+With ``--harness NAME`` the agent of each rollout is that agent CLI (``claude-code``), run unchanged in
+the sandbox with the environment's tools as its MCP server and the capture proxy (on a Unix socket, in
+front of ``--model-url``) as its model.
+
 The engine is :mod:`openenv.core.harness.evaluation`; the figures, :mod:`openenv.core.harness.report`.
 """
 
@@ -26,7 +30,7 @@ import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import typer
 
@@ -255,7 +259,9 @@ def register(app: typer.Typer) -> None:
             None,
             "--harness",
             metavar="NAME",
-            help="Run an agent CLI (openenv.core.harness.agents) instead of the built-in tool loop: not available yet.",
+            help="Run the agent CLI NAME (claude-code) in the sandbox instead of the built-in tool loop, the "
+            "environment's tools as its MCP server and the model through the capture proxy. Installed with "
+            "`bash scripts/install-harnesses.sh claude-code` (in .harnesses/, or $OPENENV_HARNESS_DIR).",
         ),
         resume: bool = typer.Option(
             True,
@@ -272,19 +278,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Evaluate a model on an environment's tasks: results.jsonl, report.html, a summary.
 
-        Plays N tasks x K repeats, M at once, each a rollout of the model (an OpenAI-compatible endpoint) using the environment's tools, and writes DIR/results.jsonl (a line per rollout, appended as they end: rerun the same command to resume), DIR/report.html (success rate and mean reward with 95% intervals, per task, tokens, failures by cause, charts) and DIR/summary.json. A rollout that hangs or loses its server is recorded as failed with its cause. Exit code 1 when a rollout failed.
+        Plays N tasks x K repeats, M at once, each a rollout of the model (an OpenAI-compatible endpoint) using the environment's tools, and writes DIR/results.jsonl (a line per rollout, appended as they end: rerun the same command to resume), DIR/report.html (success rate and mean reward with 95% intervals, per task, tokens, failures by cause, charts) and DIR/summary.json. With --harness claude-code each rollout is the agent CLI in the sandbox (the environment's tools as its MCP server, its model calls captured by the proxy). A rollout that hangs or loses its server is recorded as failed with its cause. Exit code 1 when a rollout failed.
         """
-        if harness is not None:
-            from openenv.core.harness.agents import HARNESSES
-
-            if harness not in HARNESSES:
-                raise typer.BadParameter(
-                    f"{harness!r}: the harnesses are {', '.join(sorted(HARNESSES))}", param_hint="--harness"
-                )
-            raise CLIError(
-                f"--harness {harness}: running an agent CLI over an environment's tools is not available in "
-                "openenv eval yet; leave --harness out to evaluate the model with the built-in tool loop"
-            )
+        install_root = _check_harness(harness) if harness is not None else None
         from openenv.core.harness.evaluation import ModelEndpoint, ModelError, chat_api_url, served_model
 
         try:
@@ -314,7 +310,7 @@ def register(app: typer.Typer) -> None:
             "system_prompt": system_prompt,
             "reset_kwargs": reset,
             "task_key": task_key,
-            "capture": capture,
+            "capture": capture or harness is not None,
             "tasks": tasks,
             "first_task": first_task,
             "concurrency": concurrency,
@@ -322,6 +318,8 @@ def register(app: typer.Typer) -> None:
             "call_timeout_s": call_timeout,
             "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
+        if harness is not None:  # (only then: the metadata of a run without one stays as it was)
+            metadata["harness"] = harness
         from openenv.core.harness.collect import RolloutSerializer
 
         serializer = RolloutSerializer(output_dir)
@@ -346,13 +344,48 @@ def register(app: typer.Typer) -> None:
             rollout_timeout_s=timeout,
             success_threshold=success_threshold,
         )
-        run = _run(environment, endpoint, serializer, settings, reset, system_prompt, task_key, call_timeout, capture)
+        agent = (harness, install_root) if harness is not None else None
+        run = _run(
+            environment, endpoint, serializer, settings, reset, system_prompt, task_key, call_timeout, capture, agent
+        )
         _report(serializer, metadata, run, success_threshold, concurrency)
         if run.failed:
             raise CLIError(
                 f"{run.failed} of {run.ran} rollouts failed (causes above and in the report); "
                 "rerun the same command to play them again"
             )
+
+
+def _check_harness(harness: str) -> Path:
+    """Where the agent CLI ``harness`` is installed; a clear error when openenv eval cannot run it
+    (unknown, not wired for MCP tools, not installed, no bubblewrap for its sandbox)."""
+    from openenv.core.containers.runtime.isolation import find_bwrap
+    from openenv.core.harness import agents
+    from openenv.core.harness.cli_runner import MCP_HARNESSES
+
+    supported = ", ".join(sorted(MCP_HARNESSES))
+    if harness not in agents.HARNESSES:
+        raise typer.BadParameter(
+            f"{harness!r}: openenv eval runs {supported} (the harnesses are {', '.join(sorted(agents.HARNESSES))})",
+            param_hint="--harness",
+        )
+    if harness not in MCP_HARNESSES:
+        raise CLIError(
+            f"--harness {harness}: openenv eval cannot give {harness} the environment's tools yet; "
+            f"it runs {supported} (or leave --harness out for the built-in tool loop)"
+        )
+    root = agents.harness_dir()
+    if agents.installed(harness, root) is None:
+        raise CLIError(
+            f"--harness {harness}: it is not installed in {shown_path(root)}; install it with "
+            f"`bash scripts/install-harnesses.sh {harness}` (or set OPENENV_HARNESS_DIR to where it is installed)"
+        )
+    if find_bwrap() is None:
+        raise CLIError(
+            f"--harness {harness}: the agent runs in a bubblewrap sandbox, and bwrap is not installed "
+            "(apt-get install bubblewrap)"
+        )
+    return root
 
 
 def _run_fields(metadata: Dict[str, Any]) -> Dict[str, Any]:
@@ -370,13 +403,15 @@ def _run(
     task_key: str,
     call_timeout: float,
     capture: bool,
+    agent: Optional[Tuple[str, Path]] = None,
 ) -> Any:
     from openenv.core.harness.env_sessions import EnvSessionFactory, describe_environment
     from openenv.core.harness.evaluation import EvalRunner, EvalSettings
 
     url = environment.start()
     proxy = None
-    journal = None
+    journal: Any = None
+    harness = None
     progress = _Progress(f"eval {environment.name}")
     try:
         token = os.environ.get("OPENENV_AUTH_TOKEN")
@@ -396,7 +431,36 @@ def _run(
         )
         tools = ", ".join(getattr(t, "name", "?") for t in interface.tools)
         err.print(styled("Evaluating {} on {} (tools: {})", endpoint.model, environment.name, tools))
-        if capture:
+        if agent is not None:
+            import shutil
+
+            from openenv.core.harness.capture import CaptureServer
+            from openenv.core.harness.evaluation import AgentHarness
+
+            # the sandboxed agent reaches nothing but Unix sockets; a short path (under 108 bytes)
+            journal = _ScratchDir(tempfile.mkdtemp(prefix="oe-eval-", dir="/tmp"))
+            proxy = CaptureServer(
+                llm_url=endpoint.api_url,
+                model=endpoint.model,
+                uds=os.path.join(journal.name, "proxy.sock"),
+                api_key=endpoint.api_key,
+                journal_dir=os.path.join(journal.name, "journal"),
+                max_output_tokens=settings["sampling"].get("max_tokens") or 8192,
+            ).start()
+            sampling = {k: settings["sampling"][k] for k in ("temperature", "top_p") if k in settings["sampling"]}
+            try:
+                harness = AgentHarness(
+                    agent[0],
+                    proxy=proxy,
+                    model=endpoint.model,
+                    install_root=agent[1],
+                    node=shutil.which("node"),
+                    eval_sampling=sampling,
+                )
+            except (ValueError, FileNotFoundError) as exc:
+                raise CLIError(f"--harness {agent[0]}: {exc}") from None
+            err.print(styled("The agent: {} (sandboxed), its model through the capture proxy", agent[0]))
+        elif capture:
             from openenv.core.harness.capture import CaptureServer
 
             journal = tempfile.TemporaryDirectory(prefix="openenv-eval-capture-")
@@ -413,6 +477,7 @@ def _run(
             serializer=serializer,
             settings=EvalSettings(**settings),
             capture=proxy,
+            agent=harness,
             on_start=progress.start,
             on_result=progress.result,
         )
@@ -424,6 +489,18 @@ def _run(
         if journal is not None:
             journal.cleanup()
         environment.stop()
+
+
+class _ScratchDir:
+    """A directory of the run's own, removed at its end (``cleanup``, as a TemporaryDirectory)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def cleanup(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.name, ignore_errors=True)
 
 
 def _report(serializer: Any, metadata: Dict[str, Any], run: Any, threshold: float, concurrency: int) -> None:

@@ -33,6 +33,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 from ..llm_client import LLMResponse, ToolCall, clean_schema
 from .collect import RolloutSerializer, jsonable
 from .rollout import (
+    CLIHarnessAdapter,
     HarnessRolloutResult,
     HarnessRunLimits,
     MCPHarnessAdapter,
@@ -49,6 +50,8 @@ from .rollout import (
 from .tools import tool_name
 
 __all__ = [
+    "AgentError",
+    "AgentHarness",
     "ChatModelStep",
     "EvalJob",
     "EvalRun",
@@ -83,6 +86,68 @@ class RolloutCancelled(RuntimeError):
 
 class _RolloutTimeout(TimeoutError):
     pass
+
+
+class AgentError(RuntimeError):
+    """The agent CLI of a black-box rollout failed: it exited with an error (``cause``
+    ``agent_error``) or ran past its time (``agent_timeout``) before the episode ended."""
+
+    def __init__(self, message: str, *, cause: str) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+class AgentHarness:
+    """The agent CLI ``harness`` (see :mod:`.agents`), installed at ``install_root``, as the agent of
+    every rollout: each one is a black-box rollout of
+    :class:`~openenv.core.harness.cli_runner.AgentCLIRunner`, the agent sandboxed with the session's
+    tools as its MCP server and ``proxy`` (a :class:`~openenv.core.harness.capture.CaptureServer`
+    on a Unix socket, in front of the model) as its model, asking for ``model``.
+
+    Each rollout's capture session is an eval one (``eval_sampling``: the temperature and top-p the
+    proxy pins, whatever the agent asks for) whose budget of model calls is the run's ``max_turns``.
+    ``ValueError`` for a harness that cannot be given MCP tools, ``FileNotFoundError`` when it is
+    not installed (see :class:`AgentCLIRunner`)."""
+
+    def __init__(
+        self,
+        harness: str,
+        *,
+        proxy: Any,
+        model: str,
+        install_root: Any = None,
+        node: Optional[str] = None,
+        eval_sampling: Optional[Dict[str, Any]] = None,
+    ) -> None:
+        from .cli_runner import AgentCLIRunner
+
+        self.harness = harness
+        self.proxy = proxy
+        self.model = model
+        self.node = node
+        self.eval_sampling = dict(eval_sampling or {})
+        # checked now (harness wired for MCP, installed): a run that cannot start says so at once
+        self.install_root = AgentCLIRunner(harness, proxy=proxy, install_root=install_root, model=model).install_root
+
+    def runner(self, job: EvalJob, timeout_s: float) -> Any:
+        """The runner of ``job``'s rollout, the agent stopped after ``timeout_s``."""
+        from .cli_runner import AgentCLIRunner
+
+        fields: Dict[str, Any] = {
+            "purpose": "eval",
+            "metadata": {"episode_id": job.episode_id, "harness": self.harness},
+        }
+        if self.eval_sampling:
+            fields["eval_sampling"] = dict(self.eval_sampling)
+        return AgentCLIRunner(
+            self.harness,
+            proxy=self.proxy,
+            install_root=self.install_root,
+            model=self.model,
+            session_fields=fields,
+            timeout_s=timeout_s,
+            node=self.node,
+        )
 
 
 # --- the model ----------------------------------------------------------------------------------
@@ -312,6 +377,8 @@ def failure_cause(exc: BaseException, phase: str) -> str:
 
     if isinstance(exc, _RolloutTimeout):
         return "timeout"
+    if isinstance(exc, AgentError):
+        return exc.cause
     if isinstance(exc, RolloutCancelled):
         return "cancelled"
     if isinstance(exc, ModelTimeoutError):
@@ -422,6 +489,7 @@ class EvalRunner:
         serializer: RolloutSerializer,
         settings: EvalSettings,
         capture: Any = None,
+        agent: Optional[AgentHarness] = None,
         on_start: Optional[Callable[[int, int], None]] = None,
         on_result: Optional[Callable[[Dict[str, Any]], None]] = None,
     ) -> None:
@@ -429,7 +497,8 @@ class EvalRunner:
         self.model = model
         self.serializer = serializer
         self.settings = settings
-        self.capture = capture
+        self.capture = capture if agent is None else agent.proxy
+        self.agent = agent
         self.on_start = on_start
         self.on_result = on_result
         self._results: queue.Queue[Tuple[_Flight, Dict[str, Any]]] = queue.Queue()
@@ -558,6 +627,8 @@ class EvalRunner:
         capture_key: Optional[str] = None
         timings: Dict[str, Any] = {}
         endpoint = self.model
+        if self.agent is not None:
+            return self._agent_rollout(flight)
         try:
             capture_key = self._capture_session(flight)
             if capture_key is not None:
@@ -612,6 +683,63 @@ class EvalRunner:
             if flight.session is not None:
                 _close_quietly(flight.session)
 
+    def _agent_rollout(self, flight: _Flight) -> Dict[str, Any]:
+        """One black-box rollout: the agent CLI over the session's tools, its model calls captured."""
+        assert self.agent is not None
+        job = flight.job
+        phase = "reset"
+        rollout: Optional[HarnessRolloutResult] = None
+        watched: Optional[_Watched] = None
+        timings: Dict[str, Any] = {}
+        try:
+            began = time.monotonic()
+            session = self.session_factory.create(job.task, seed=job.seed, episode_id=job.episode_id)
+            flight.session = session
+            timings["reset_s"] = round(time.monotonic() - began, 4)
+            if flight.cancel.is_set():
+                raise RolloutCancelled("the rollout was stopped while its session opened")
+            watched = _Watched(session, flight.cancel)
+            phase = "run"
+            # the agent is stopped before the rollout's deadline, so that its own end is recorded
+            left = flight.deadline - time.monotonic()
+            margin = min(15.0, 0.2 * self.settings.rollout_timeout_s)
+            runner = self.agent.runner(job, timeout_s=max(1.0, left - margin))
+            # eval_sampling pins the sampling on the proxy; the runner's sampling would be a training one
+            limits = HarnessRunLimits(max_turns=self.settings.max_turns, sampling={})
+            rollout = CLIHarnessAdapter(runner).run_black_box(watched, limits)
+            metrics = rollout.metrics
+            if watched.fatal is not None:
+                raise watched.fatal
+            if metrics.get("stop_reason") == "timeout":
+                raise AgentError(
+                    f"{self.agent.harness} did not end within {runner.timeout_s:.3g} s (it was stopped)",
+                    cause="agent_timeout",
+                )
+            if metrics.get("stop_reason") == "agent_failed":
+                raise AgentError(
+                    f"{self.agent.harness} exited with code {metrics.get('exit_code')}: {_agent_stderr(rollout)[-300:]}",
+                    cause="agent_error",
+                )
+            phase = "verify"
+            verify = session.verify(rollout.messages, _final_state(rollout))
+            status, reward = self._reward(rollout, verify)
+            return self._record(
+                flight, status=status, reward=reward, rollout=rollout, verify=verify, watched=watched, timings=timings
+            )
+        except Exception as exc:
+            return self._record(
+                flight,
+                status="failed",
+                error={"cause": failure_cause(exc, phase), "message": _message(exc), "phase": phase},
+                rollout=rollout,
+                messages=rollout.messages if rollout is not None else [],
+                watched=watched,
+                timings=timings,
+            )
+        finally:
+            if flight.session is not None:
+                _close_quietly(flight.session)
+
     @staticmethod
     def _reward(rollout: HarnessRolloutResult, verify: VerifyResult) -> Tuple[str, Optional[float]]:
         try:
@@ -621,12 +749,14 @@ class EvalRunner:
                 return "unscored", None
             raise _RewardMismatch(str(exc)) from None
 
-    def _trace(self, capture_key: Optional[str]) -> Optional[Dict[str, Any]]:
+    def _trace(self, capture_key: Optional[str], include_messages: bool = False) -> Optional[Dict[str, Any]]:
         """The capture session's rollout document (its turns with their token counts and logprobs,
         its sequences with the engine's token ids); the session is deleted after."""
         if capture_key is None or self.capture is None:
             return None
         try:
+            if include_messages:
+                return dict(self.capture.rollout(capture_key, include_messages=True))
             return dict(self.capture.rollout(capture_key))
         except Exception as exc:
             logger.debug("no trace for capture session %s: %s", capture_key, exc)
@@ -653,8 +783,19 @@ class EvalRunner:
         model_step: Optional[ChatModelStep] = None,
     ) -> Dict[str, Any]:
         job = flight.job
-        trace = self._trace(capture_key)
-        turns = list(model_step.turns) if model_step is not None else []
+        extra: Dict[str, Any] = {}
+        if self.agent is not None:
+            capture_key = rollout.metrics.get("capture_session_id") if rollout is not None else None
+            extra = _agent_extra(self.agent.harness, rollout)
+        trace = self._trace(capture_key, include_messages=self.agent is not None)
+        if self.agent is not None:
+            conversation = _captured_conversation(trace)
+            if conversation and rollout is not None:  # the agent's conversation as its model last saw it
+                rollout.messages = conversation
+                rollout.metrics.pop("trace_error", None)  # (an eval capture has no training trace: no error)
+            elif conversation:
+                messages = conversation
+        turns = list(model_step.turns) if model_step is not None else _captured_turns(trace)
         tokens = _token_counts(turns, trace)
         timing = dict(timings or {})
         timing.update(
@@ -667,6 +808,8 @@ class EvalRunner:
                 "tool_calls": watched.calls if watched is not None else 0,
             }
         )
+        if self.agent is not None and rollout is not None and "elapsed_s" in rollout.metrics:
+            timing["agent_s"] = rollout.metrics["elapsed_s"]
         artifacts = dict(verify.artifacts) if verify is not None else {}
         artifacts.pop("final_state", None)  # the rollout itself, already in this record
         tool_trace = []
@@ -704,9 +847,53 @@ class EvalRunner:
             "tokens": tokens,
             "timings": timing,
             "trace": trace,
-            "extra": {},
+            "extra": extra,
         }
         return jsonable(record)
+
+
+def _agent_stderr(rollout: Optional[HarnessRolloutResult]) -> str:
+    for event in reversed(rollout.events if rollout is not None else []):
+        if event.type == "agent_exit":
+            return str(event.payload.get("stderr") or "")
+    return ""
+
+
+def _agent_extra(harness: str, rollout: Optional[HarnessRolloutResult]) -> Dict[str, Any]:
+    """What a black-box record adds: the harness, how its agent ended (exit code, None when it was
+    stopped or never started) and the end of its stderr."""
+    metrics = rollout.metrics if rollout is not None else {}
+    return {
+        "harness": harness,
+        "exit_code": metrics.get("exit_code"),
+        "stop_reason": metrics.get("stop_reason"),
+        "agent_stderr": _agent_stderr(rollout)[-1000:],
+    }
+
+
+def _captured_conversation(trace: Optional[Dict[str, Any]]) -> List[Message]:
+    """The last captured turn's messages (its request's and its answer), taken out of every turn
+    of ``trace`` (the record keeps them once)."""
+    turns = [t for t in (trace or {}).get("turns") or [] if isinstance(t, dict)]
+    kept = [t.pop("messages", None) for t in turns]
+    for turn, messages in zip(reversed(turns), reversed(kept), strict=True):
+        if not turn.get("discarded") and messages:
+            return list(messages)
+    return []
+
+
+def _captured_turns(trace: Optional[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """A black-box rollout's model turns as the capture proxy counted them (the agent's own calls
+    are not seen): per turn its prompt and sampled token counts and finish reason."""
+    captured = [t for t in (trace or {}).get("turns") or [] if isinstance(t, dict) and not t.get("discarded")]
+    return [
+        {
+            "prompt_tokens": t.get("n_prompt"),
+            "completion_tokens": t.get("n_sampled"),
+            "finish_reason": t.get("finish_reason"),
+        }
+        for t in captured
+    ]
 
 
 def _token_counts(turns: Sequence[Dict[str, Any]], trace: Optional[Dict[str, Any]]) -> Dict[str, Any]:
