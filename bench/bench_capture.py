@@ -240,9 +240,9 @@ def main() -> None:
             keys = [admin.post("/sessions", json={}).json()["api_key"] for _ in range(max(rollouts, 64))]
             floor_took = asyncio.run(latency(engine, ["none"], args.calls))
             proxy_took = asyncio.run(latency(url, keys, args.calls))
+            turns = admin.get(f"/sessions/{keys[0]}").json()["n_turns"]
             floor_rate = asyncio.run(throughput(engine, ["none"], args.seconds, args.concurrency))
             proxy_rate = asyncio.run(throughput(url, keys, args.seconds, args.concurrency))
-            turns = admin.get(f"/sessions/{keys[0]}").json()["n_turns"]
         finally:
             proxy.terminate()
             proxy.wait(10)

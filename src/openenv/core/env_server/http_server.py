@@ -27,6 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from typing_extensions import Unpack
 
+from ..utils import tuned_gc
 from . import auth, resume
 from ._compat.openenv import UpstreamServerNames
 from .exceptions import EnvironmentCallError, EnvironmentResultError
@@ -36,7 +37,7 @@ from .mcp_endpoint import MCPDispatcher
 from .middleware import BearerAuth, BodyLimits, ErrorDetailsScope, SameOrigin, TransportLimits, http_error
 from .serialization import deserialize_action, serialize_observation, to_json_bytes, to_jsonable
 from .sessions import Session, SessionManager
-from .settings import ServerOptions, ServerSettings, check_argument, tuned_gc
+from .settings import ServerOptions, ServerSettings, check_argument
 from .types import (
     Action,
     ConcurrencyConfig,

@@ -19,10 +19,11 @@ import threading
 import time
 from typing import Any, Optional, Sequence, Tuple
 
+from ..utils import tuned_gc
 from ._compat import uvicorn as uvicorn_compat
 from .access_log import quiet_polls
 from .limits import InFlightBudget
-from .settings import ServerSettings, tuned_gc
+from .settings import ServerSettings
 
 
 def _served(app: Any) -> Tuple[ServerSettings, Optional[InFlightBudget]]:
@@ -86,7 +87,7 @@ def run_server(
 
 def owned_process_gc(app: Any) -> Any:
     """The garbage-collector tuning of a process OpenEnv's runner owns (see
-    :func:`.settings.tuned_gc`): on unless ``OPENENV_GC_TUNING`` says otherwise; an app that was
+    :func:`openenv.core.utils.tuned_gc`): on unless ``OPENENV_GC_TUNING`` says otherwise; an app that was
     told to tune (``OPENENV_GC_TUNING=1``) does it itself while it is served."""
     return tuned_gc(_served(app)[0].gc_tuning is None)
 

@@ -92,13 +92,11 @@ Variables read elsewhere, by other parts: ``OPENENV_CLIENT_MODE`` (clients),
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 import math
 import os
 import re
-from typing import Any, Callable, Iterator, Mapping, Optional, Tuple
+from typing import Any, Callable, Mapping, Optional, Tuple
 
 from typing_extensions import TypedDict
 
@@ -421,30 +419,6 @@ class ServerSettings:
         if space and _HOST_NAME.fullmatch(space):
             values["allowed_hosts"] = (*values.get("allowed_hosts", ()), space)
         return cls(**values)
-
-
-@contextlib.contextmanager
-def tuned_gc(enabled: bool) -> Iterator[None]:
-    """Garbage-collector settings for a process that serves environments, while it serves.
-
-    A server holds many long-lived objects (sessions, sockets, environments) and allocates a few
-    short-lived ones per step; with CPython's defaults the collector keeps rescanning the former.
-    Objects that exist at start-up are frozen out of collection and young collections run every
-    10,000 allocations instead of 700. They change the whole process, so an app turns them on only
-    when asked (``OPENENV_GC_TUNING=1``) and OpenEnv's runner, which owns its process, by default.
-    ``make bench``: a sync environment at 512 sessions went from 0.54 to 0.71 of the floor's steps/s.
-    """
-    if not enabled:
-        yield
-        return
-    thresholds = gc.get_threshold()
-    gc.freeze()
-    gc.set_threshold(10_000, 10, 10)
-    try:
-        yield
-    finally:
-        gc.set_threshold(*thresholds)
-        gc.unfreeze()
 
 
 def library_internals_enabled(environ: Optional[Mapping[str, str]] = None) -> bool:

@@ -538,11 +538,14 @@ def node_from_exchange(
             response_message=message if isinstance(message, dict) else {},
         )
         report = check_turn(node) if capture_level == "tokens" else check_turn_eval(node)
-        if not _valid_ids(node.prompt_ids) or not _valid_ids(node.sampled_ids):
+        verified = capture_level == "tokens" and report.ok  # check_turn checked every id and logprob
+        if not verified and (not _valid_ids(node.prompt_ids) or not _valid_ids(node.sampled_ids)):
             node.prompt_ids, node.sampled_ids = [], []  # not token ids: useless even as context
         logprobs = node.sampled_logprobs
-        if logprobs is not None and (
-            not report.ok or not all(type(v) in (int, float) and math.isfinite(v) for v in logprobs)
+        if (
+            logprobs is not None
+            and not verified
+            and (not report.ok or not all(type(v) in (int, float) and math.isfinite(v) for v in logprobs))
         ):
             node.sampled_logprobs = None  # kept as context; the finding says why
         return node, list(report.findings)

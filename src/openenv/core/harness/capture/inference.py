@@ -9,7 +9,6 @@ The proxy never tokenises: it asks the engine (vLLM, SGLang) for its own token i
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
 from dataclasses import dataclass, field
@@ -17,6 +16,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
+
+from openenv.core.harness.capture import _json
 
 PROVIDERS = ("openai", "vllm", "hf", "anthropic")
 RETRIED_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
@@ -161,7 +162,7 @@ class InferenceClient:
 
     async def _request(self, method: str, path: str, body: Optional[Dict[str, Any]]) -> Dict[str, Any]:
         url = self.base_url + path
-        data = None if body is None else json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+        data = None if body is None else _json.dumps(body)
         last: Optional[Exception] = None
         for attempt in range(self.attempts):
             try:
@@ -173,7 +174,7 @@ class InferenceClient:
                 await asyncio.sleep(min(2**attempt * 0.25, 4.0) * (0.5 + random.random()))
                 continue
             try:
-                payload: Any = json.loads(raw)
+                payload: Any = _json.loads(raw)
             except ValueError:
                 payload = raw.decode("utf-8", "replace")
             if status < 400:
@@ -435,7 +436,3 @@ def _run_blocking(coroutine: Any) -> Any:
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, coroutine).result()
-
-
-def dumps(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()

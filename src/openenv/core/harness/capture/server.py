@@ -32,6 +32,7 @@ from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from openenv.core.harness.capture import _json
 from openenv.core.harness.capture import upstream as policy
 from openenv.core.harness.capture.dialects import APIType, DialectError, detect, dialect_for
 from openenv.core.harness.capture.dialects import count_tokens_reply as _count_tokens_reply
@@ -56,6 +57,7 @@ from openenv.core.harness.capture.sessions import (
 )
 from openenv.core.harness.capture.settings import CaptureLimits, admin_key_from_env, default_journal_dir
 from openenv.core.harness.capture.validate import Finding
+from openenv.core.utils import tuned_gc
 
 log = logging.getLogger("openenv.capture")
 
@@ -299,7 +301,7 @@ class _Call:
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
-        return JSONResponse(reply)
+        return Response(_json.dumps(reply), media_type="application/json")
 
     async def run(self, session: CaptureSession) -> Response:
         proxy = self.proxy
@@ -697,7 +699,7 @@ def create_app(
         except _Refusal as exc:
             return JSONResponse(dialect.error_body(exc.status, str(exc), code=exc.code), status_code=exc.status)
         try:
-            body = json.loads(raw)
+            body = _json.loads(raw)
         except ValueError as exc:
             return JSONResponse(
                 dialect.error_body(400, f"the body is not JSON: {exc}", code="invalid_request_error"), 400
@@ -801,7 +803,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     print(f"capture proxy on {where}; journal {journal_dir}; admin key {key_note}", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False)
-    uvicorn.Server(config).run(sockets=[sock])
+    with tuned_gc(True):  # this process is the proxy's own: fewer collector passes over its sessions
+        uvicorn.Server(config).run(sockets=[sock])
     return 0
 
 

@@ -15,7 +15,6 @@ price of a disk flush per turn.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import re
@@ -25,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
+from openenv.core.harness.capture import _json
 from openenv.core.harness.capture.graph import RolloutGraph, TurnNode
 from openenv.core.harness.capture.validate import Finding
 
@@ -201,7 +201,7 @@ class Journal:
         return self.directory / f"{session_id}.jsonl"
 
     def append(self, session_id: str, record: Dict[str, Any]) -> None:
-        line = json.dumps(record, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+        line = _json.dumps(record) + b"\n"
         fd = os.open(self.path(session_id), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             view = memoryview(line)
@@ -228,7 +228,7 @@ class Journal:
             if not line.endswith(b"\n"):
                 break
             try:
-                record = json.loads(line)
+                record = _json.loads(line)
             except ValueError:
                 break
             good += len(line)
