@@ -374,6 +374,7 @@ def test_the_model_call_budget_ends_the_agent_without_a_recorded_turn(engine, tm
 def test_session_ids_are_checked_not_silently_replaced_or_overwritten(proxy):
     made = proxy.create_session(session_id="rollout-1.a", metadata={"task": 1})
     assert made["session_id"] == made["api_key"] == "rollout-1.a"
+    assert chat(proxy.url, "rollout-1.a").status_code == 200  # the proxy notes its dialect in the metadata
     assert proxy.create_session(session_id="rollout-1.a", metadata={"task": 1})["session_id"] == "rollout-1.a"
     with pytest.raises(RuntimeError, match="409"):
         proxy.create_session(session_id="rollout-1.a", metadata={"task": 2})
@@ -390,6 +391,26 @@ def test_the_session_limit_refuses_more_with_429(engine, tmp_path):
         proxy.create_session()
         with pytest.raises(RuntimeError, match="429"):
             proxy.create_session()
+    finally:
+        proxy.stop()
+
+
+def test_a_sessions_own_engine_key_is_not_journalled_and_is_given_again_after_a_restart(engine, tmp_path):
+    fields = {"session_id": "own-engine", "llm_url": engine.url, "model": "slow", "api_key": "engine-secret"}
+    proxy = make_proxy(engine, tmp_path)
+    try:
+        proxy.create_session(**fields)
+        assert chat(proxy.url, "own-engine").status_code == 200
+    finally:
+        proxy.stop()
+    assert "engine-secret" not in "".join(p.read_text() for p in (tmp_path / "journal").glob("*.jsonl"))
+    proxy = make_proxy(engine, tmp_path)  # the same journal: the session is back, its key is not
+    try:
+        refused = chat(proxy.url, "own-engine")
+        assert refused.status_code == 503 and "make the session again" in refused.json()["error"]["message"]
+        proxy.create_session(**fields)
+        assert chat(proxy.url, "own-engine").status_code == 200
+        assert len(proxy.registry.get("own-engine").graph.nodes) == 2
     finally:
         proxy.stop()
 

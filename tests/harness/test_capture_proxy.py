@@ -301,3 +301,30 @@ def test_the_rollout_document_and_trace_entries_are_upstreams_shapes(proxy, engi
         )
     ] * 2
     json.dumps(document)
+
+
+# --- what an engine can give -----------------------------------------------------------------------
+
+
+def test_validate_llm_finds_a_trainable_engine(engine_server):
+    from openenv.core.harness.capture import require_llm, validate_llm
+
+    report = validate_llm(engine_server.base_url, engine_server.model)
+    assert report.ok and report.reachable and report.capture_level == "tokens" and report.trainable
+    assert report.n_prompt_ids > 0 and report.n_completion_ids > 0
+    assert engine_server.model in report.served_models and report.tool_support is True
+    assert require_llm(engine_server.base_url, engine_server.model, require_tokens=True).rollout_type == "train"
+
+
+def test_require_llm_names_an_engine_that_is_not_there():
+    import socket
+
+    from openenv.core.harness.capture import require_llm, validate_llm
+
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    report = validate_llm(f"http://127.0.0.1:{port}", "m", timeout=5)
+    assert not report.ok and not report.reachable and report.findings[0].startswith("[FATAL] unreachable")
+    with pytest.raises(RuntimeError, match=f"no engine answers at http://127.0.0.1:{port}/v1"):
+        require_llm(f"http://127.0.0.1:{port}", "m", timeout=5)

@@ -358,6 +358,9 @@ def validate_llm(
             except UpstreamHTTPError as exc:
                 report.reachable = True
                 report.findings.append(f"[WARN] no_model_list: {exc}")
+            except UpstreamError as exc:
+                report.findings.append(f"[FATAL] unreachable: {exc}")
+                return report
             if model is None and report.served_models:
                 report.model = model = report.served_models[0]
             try:

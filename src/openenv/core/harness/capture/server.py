@@ -67,6 +67,8 @@ SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty"
 # Headers by which harnesses name their own session (recorded on each turn).
 HARNESS_SESSION_HEADERS = ("x-openenv-harness-session", "x-claude-code-session-id", "session_id", "x-session-id")
 ADMIN_REQUIRED = "this route requires the capture admin key"
+# What the proxy itself notes in a session's metadata (as upstream does): not part of what was asked.
+PROXY_METADATA = ("api_type", "sampling_overridden")
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
@@ -104,7 +106,6 @@ class _Proxy:
     instance_id: str = field(default_factory=lambda: secrets.token_hex(8))
     engines: Dict[Tuple[str, ...], InferenceClient] = field(default_factory=dict)
     upstream_slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(64))
-    warned: set = field(default_factory=set)
 
     def is_admin(self, request: Request) -> bool:
         key = _key_of(request)
@@ -117,7 +118,7 @@ class _Proxy:
         key = (ref.llm_url, ref.model or "", ref.auth_header, _digest(ref.api_key), ref.provider)
         engine = self.engines.get(key)
         if engine is None:
-            if session.metadata.get("restored_engine_key_missing"):
+            if session.engine_key_lost:
                 return None  # its key was never written down; the session's owner registers it again
             engine = InferenceClient(
                 ref.llm_url, served_model=ref.model, api_key=ref.api_key, auth_header=ref.auth_header,
@@ -194,15 +195,24 @@ def _new_session(proxy: _Proxy, body: Dict[str, Any]) -> Tuple[CaptureSession, b
         eval_sampling=eval_sampling, engine=engine,
     )  # fmt: skip
     if existing is not None:
-        same = {k: v for k, v in existing.config().items() if k != "created"} == {
-            k: v for k, v in session.config().items() if k != "created"
-        }
+        same = _settings(existing) == _settings(session)
         if not same:
             raise SessionError(
                 f"session {session_id!r} exists with other settings; pick another id or DELETE it first", status=409
             )
+        if existing.engine_key_lost and engine.api_key is not None:  # made again after a restart
+            existing.engine, existing.engine_key_lost = engine, False
         return existing, False
     return proxy.registry.add(session), True
+
+
+def _settings(session: CaptureSession) -> Dict[str, Any]:
+    """What makes two requests for a session the same (not when it was made, nor whether the
+    engine's key survived a restart: the key itself is never kept)."""
+    config = {k: v for k, v in session.config().items() if k != "created"}
+    config["metadata"] = {k: v for k, v in config["metadata"].items() if k not in PROXY_METADATA}
+    config["engine"] = {k: v for k, v in config["engine"].items() if k != "has_api_key"}
+    return config
 
 
 def _session_reply(session: CaptureSession) -> Dict[str, Any]:
@@ -336,7 +346,13 @@ class _Call:
             session.findings.append(Finding(level="WARN", code="sampling_neutralised", detail=json.dumps(overridden)))
         engine = proxy.engine_for(session)
         if engine is None:
-            return self.refuse(503, "no engine serves this session (start the proxy with llm_url=...)", "server_error")
+            why = (
+                "its engine's key is never written to the journal, so it did not survive the proxy's restart:"
+                " make the session again with llm_url and api_key"
+                if session.engine_key_lost
+                else "start the proxy with llm_url=..."
+            )
+            return self.refuse(503, f"no engine serves this session ({why})", "server_error")
         if session.in_flight >= proxy.limits.max_session_calls:
             return self.refuse(
                 429,

@@ -14,7 +14,6 @@ price of a disk flush per turn.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import re
@@ -91,7 +90,7 @@ class CaptureSession:
     last_active: float = field(default_factory=time.monotonic)
     in_flight: int = 0
     next_index: int = 0
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+    engine_key_lost: bool = False
 
     @property
     def idle_s(self) -> float:
@@ -328,7 +327,7 @@ class SessionRegistry:
 
     # --- loading after a restart -------------------------------------------------------------
 
-    def load(self, *, engine_for: Any = None) -> int:
+    def load(self) -> int:
         """Rebuild every session journalled in the directory; return how many."""
         loaded = 0
         for path in self.journal.sessions():
@@ -367,9 +366,8 @@ class SessionRegistry:
                     ),
                     created=float(config.get("created") or time.time()),
                 )
-                session.metadata["restored_engine_key_missing"] = bool(engine.get("has_api_key"))
-                if not session.metadata["restored_engine_key_missing"]:
-                    del session.metadata["restored_engine_key_missing"]
+                # the engine's key is never journalled: its owner registers the session again
+                session.engine_key_lost = bool(engine.get("has_api_key"))
             elif session is None:
                 raise ValueError("the journal does not start with its session record")
             elif kind == "turn":
