@@ -313,7 +313,9 @@ def vllm_answer(prompt: List[int], sampled: List[int], logprobs: List[float], **
     }
 
 
-def ingest(answer: Dict[str, Any], level: str = "tokens", node_id: str = "n1") -> Any:
+def ingest(
+    answer: Dict[str, Any], level: str = "tokens", node_id: str = "n1", graph: Optional[RolloutGraph] = None
+) -> Any:
     return node_from_exchange(
         CHAT_REQUEST,
         normalize_response(answer),
@@ -322,6 +324,7 @@ def ingest(answer: Dict[str, Any], level: str = "tokens", node_id: str = "n1") -
         harness_session_id="h-7",
         requested_sampling={"temperature": 0.7},
         sampling={"temperature": 1.0},
+        graph=graph,
     )
 
 
@@ -335,6 +338,32 @@ def test_an_engine_answer_becomes_a_turn() -> None:
     assert (node.sampling_params, node.requested_sampling_params) == ({"temperature": 1.0}, {"temperature": 0.7})
     assert node.system_digest is not None
     assert json.loads(json.dumps(node.to_dict()))["node_id"] == "n1"
+
+
+def test_a_turn_repeating_the_latest_turns_ids_takes_them_over_and_checks_only_the_rest() -> None:
+    """The proxy's next call repeats the rollout so far: those ids are the earlier turn's own
+    objects afterwards (ids over 256 decoded from JSON are distinct objects unless shared), and an
+    invalid id after them is still found, named by its place in the whole prompt."""
+
+    def wire(answer: Dict[str, Any]) -> Dict[str, Any]:
+        return json.loads(json.dumps(answer))  # fresh id objects, as each engine answer has
+
+    graph = RolloutGraph()
+    first, _ = ingest(wire(vllm_answer([1000, 1001, 1002], [2000, 2001], [-0.1, -0.2])), node_id="a", graph=graph)
+    graph.add_turn(first)
+    prompt = [1000, 1001, 1002, 2000, 2001, 3000]
+    second, findings = ingest(wire(vllm_answer(prompt, [4000], [-0.3])), node_id="b", graph=graph)
+    assert findings == [] and second.prompt_ids == prompt
+    assert all(x is y for x, y in zip(second.prompt_ids[:5], first.end_ids, strict=True))
+    assert graph.add_turn(second).parent_id == "a"
+    unshared, _ = ingest(wire(vllm_answer(prompt, [4000], [-0.3])), node_id="u")  # no graph: its own objects
+    assert not any(x is y for x, y in zip(unshared.prompt_ids[:5], first.end_ids, strict=True))
+    third, findings = ingest(vllm_answer([*second.end_ids, -1], [5], [-0.1]), node_id="c", graph=graph)
+    assert [(f.code, "prompt id at 7 is -1" in f.detail) for f in findings] == [("invalid_token_id", True)]
+    assert third.prompt_ids == []  # not kept, as without a graph
+    # a prompt that differs inside the earlier ids takes nothing over and is checked whole
+    _, findings = ingest(vllm_answer([1000, True, 1002, 2000, 2001, 4000, 4001], [6], [-0.1]), graph=graph)
+    assert "invalid_token_id" in [f.code for f in findings]
 
 
 def test_sglang_prompt_ids_on_the_choice_are_read_too() -> None:
@@ -471,3 +500,13 @@ def test_a_logprob_entry_naming_another_token_drops_the_choices_logprobs() -> No
     answer = vllm_answer([1], [8, 9], [-0.1, -0.2])
     answer["choices"][0]["logprobs"]["content"][0]["token"] = "token_id:77"
     assert normalize_response(answer)["choices"][0]["logprobs"] is None
+    answer["choices"][0]["logprobs"]["content"][0]["token"] = "token_id:008"  # the same id, written oddly
+    assert normalize_response(answer)["choices"][0]["logprobs"] is not None
+
+
+def test_normalize_response_without_copying_gives_the_same_answer_in_place() -> None:
+    answer = vllm_answer([1], [8, 9], [-0.1, -0.2])
+    expected = normalize_response(answer)
+    entries = answer["choices"][0]["logprobs"]["content"]
+    assert normalize_response(answer, copy=False) == expected
+    assert [e["token_id"] for e in entries] == [8, 9]  # the caller's own entries now carry them

@@ -74,23 +74,33 @@ def _all_bits(values: List[Any], typed: bool) -> bool:
 
 
 def training_turn_problems(
-    prompt_ids: Any, completion_ids: Any, logprobs: Any, loss_mask: Any = None, *, typed: bool = False
+    prompt_ids: Any,
+    completion_ids: Any,
+    logprobs: Any,
+    loss_mask: Any = None,
+    *,
+    typed: bool = False,
+    checked_prefix: int = 0,
 ) -> List[Tuple[str, str]]:
     """Everything that makes one turn unusable for training, as ``(code, detail)`` pairs.
 
     The single implementation behind :func:`validate_training_turn` (which raises) and
     ``capture.validate.check_turn`` (which reports findings). ``logprobs=None`` means the engine
     gave none; ``loss_mask=None`` skips the mask checks (ingest has no mask yet). ``typed=True``
-    skips the element type checks where a strict pydantic model already made them.
+    skips the element type checks where a strict pydantic model already made them;
+    ``checked_prefix`` is how many leading prompt ids are known good (the capture proxy's turn that
+    took them over from the turn before, already checked).
     """
     problems: List[Tuple[str, str]] = []
     for name, ids in (("prompt", prompt_ids), ("completion", completion_ids)):
         if not isinstance(ids, list):
             problems.append(("invalid_token_id", f"{name} ids must be a list, not {type(ids).__name__}"))
             continue
-        bad = -1 if _all_ids(ids, typed) else _bad_index(ids, lambda t: _is_int(t) and t >= 0)
+        skip = checked_prefix if name == "prompt" else 0
+        rest = ids[skip:] if skip else ids
+        bad = -1 if _all_ids(rest, typed) else _bad_index(rest, lambda t: _is_int(t) and t >= 0)
         if bad >= 0:
-            problems.append(("invalid_token_id", f"{name} id at {bad} is {ids[bad]!r}, not an integer >= 0"))
+            problems.append(("invalid_token_id", f"{name} id at {skip + bad} is {rest[bad]!r}, not an integer >= 0"))
     if isinstance(prompt_ids, list) and not prompt_ids:
         problems.append(("no_prompt_ids", "the prompt has no token ids"))
     n_completion = len(completion_ids) if isinstance(completion_ids, list) else None

@@ -252,9 +252,10 @@ def prepare_request(
     return engine, overridden
 
 
-def _aligned_logprobs(choice: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+def _aligned_logprobs(choice: Dict[str, Any], copy: bool = True) -> Optional[Dict[str, Any]]:
     """The choice's logprobs, each entry given its ``token_id`` when they line up with
-    ``token_ids``; ``None`` when an entry names a different id than the one at its position."""
+    ``token_ids``; ``None`` when an entry names a different id than the one at its position.
+    ``copy=False`` writes ``token_id`` into the entries themselves."""
     logprobs = choice.get("logprobs")
     ids = choice.get("token_ids")
     if not isinstance(logprobs, dict) or not isinstance(ids, list):
@@ -262,24 +263,29 @@ def _aligned_logprobs(choice: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     content = logprobs.get("content")
     if not isinstance(content, list) or len(content) != len(ids):
         return logprobs  # misaligned counts: left for check_turn to report
-    entries = []
+    if not all(type(entry) is dict for entry in content):
+        return logprobs
     for entry, token_id in zip(content, ids, strict=True):
-        if not isinstance(entry, dict):
-            return logprobs
         token = entry.get("token")
-        if isinstance(token, str) and token.startswith("token_id:"):
+        if type(token) is str and token.startswith("token_id:") and token[9:] != str(token_id):
             try:
-                named = int(token[len("token_id:") :])
+                if int(token[9:]) != token_id:
+                    return None
             except ValueError:
-                named = None
-            if named != token_id:
                 return None
-        entries.append({**entry, "token_id": token_id})
-    return {**logprobs, "content": entries}
+    if copy:
+        return {
+            **logprobs,
+            "content": [{**entry, "token_id": token_id} for entry, token_id in zip(content, ids, strict=True)],
+        }
+    for entry, token_id in zip(content, ids, strict=True):
+        entry["token_id"] = token_id
+    return logprobs
 
 
-def normalize_response(response: Mapping[str, Any]) -> Dict[str, Any]:
-    """One shape for vLLM's and SGLang's chat completions (``response`` is not modified).
+def normalize_response(response: Mapping[str, Any], *, copy: bool = True) -> Dict[str, Any]:
+    """One shape for vLLM's and SGLang's chat completions (``response`` is not modified unless
+    ``copy=False``, which saves copying each logprob entry where the caller owns the answer).
 
     ``choices[0].prompt_token_ids`` (SGLang) is hoisted to the top when missing there (vLLM);
     ``message.reasoning`` becomes ``reasoning_content``; when ``token_ids`` and
@@ -304,7 +310,7 @@ def normalize_response(response: Mapping[str, Any]) -> Dict[str, Any]:
                 message["reasoning_content"] = reasoning
             choice["message"] = message
         if "logprobs" in choice:
-            choice["logprobs"] = _aligned_logprobs(choice)
+            choice["logprobs"] = _aligned_logprobs(choice, copy)
         new_choices.append(choice)
     out["choices"] = new_choices
     if out.get("prompt_token_ids") is None and new_choices and isinstance(new_choices[0], dict):

@@ -93,12 +93,15 @@ def _turn_warnings(node: TurnNode, report: Report) -> None:
         report.add(WARN, "truncated_turn", f"turn {node.node_id} stopped at its output cap (finish_reason length)")
 
 
-def check_turn(node: TurnNode) -> Report:
+def check_turn(node: TurnNode, *, checked_prefix: int = 0) -> Report:
     """A turn captured at level tokens. FATAL: ``invalid_token_id``, ``invalid_logprob``,
     ``positive_logprob``, ``no_prompt_ids``, ``no_logprobs``, ``logprob_misalign``; WARN:
-    ``no_sampled_ids``, ``truncated_turn``."""
+    ``no_sampled_ids``, ``truncated_turn``. ``checked_prefix``: leading prompt ids known good."""
     report = Report()
-    for code, detail in training_turn_problems(node.prompt_ids, node.sampled_ids, node.sampled_logprobs):
+    problems = training_turn_problems(
+        node.prompt_ids, node.sampled_ids, node.sampled_logprobs, checked_prefix=checked_prefix
+    )
+    for code, detail in problems:
         report.add(FATAL, code, f"turn {node.node_id}: {detail}")
     _turn_warnings(node, report)
     return report
