@@ -201,7 +201,7 @@ async def test_an_environment_rebuilt_after_a_step_timeout_is_prepared_like_the_
             reply = await ask(ws, {"type": "step", "data": peek})
             assert reply["data"]["observation"]["result"]["data"] == "simulation only", reply
             session = next(iter(manager_of(server).sessions().values()))
-            assert session.env._worker_pool is manager_of(server).pool
+            assert session.env.host.pool is manager_of(server).pool
 
 
 @pytest.mark.internals("fastmcp")

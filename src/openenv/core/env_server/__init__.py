@@ -63,6 +63,7 @@ _EXPORTS.update({name: ".mcp_types" for name in _MCP_TYPES})
 _EXPORTS.update(
     {
         "Environment": ".interfaces",
+        "EnvironmentHost": ".interfaces",
         "Transform": ".interfaces",
         "TaskProvider": ".interfaces",
         "Message": ".interfaces",

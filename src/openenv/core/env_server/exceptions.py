@@ -38,6 +38,15 @@ TOO_LARGE = ErrorKind("MESSAGE_TOO_LARGE", 413, -32600, 1009)  # MessageTooLarge
 BUSY = ErrorKind("SERVER_BUSY", 503, -32000, 1013)  # ServerBusyError
 INVALID_JSON = ErrorKind("INVALID_JSON", 400, -32700, 1007)  # InvalidJsonError
 MISCONFIGURED = ErrorKind("EXECUTION_ERROR", 500, -32000)  # ConcurrencyConfigurationError
+UNSUPPORTED = ErrorKind("EXECUTION_ERROR", 500, -32603)  # NoMCPError: in its own words, unlike EXECUTION
+TASK_REFUSED = {  # TaskRefusedError, by its HTTP status (the Task API answers only over HTTP)
+    status: ErrorKind(code, status, rpc)
+    for status, code, rpc in (
+        (400, "VALIDATION_ERROR", -32602),
+        (404, "NOT_FOUND", -32601),
+        (501, "NOT_SUPPORTED", -32601),
+    )
+}
 
 
 class OpenEnvError(Exception):
@@ -241,6 +250,22 @@ class WorkersStuckError(StepTimeoutError):
             f"{operation} was not started: {detail} ({stuck} stuck; does the environment hang?); "
             "the environment was not touched: try again later",
         )
+
+
+class TaskRefusedError(OpenEnvError):
+    """A Task API call this server cannot answer: an environment it does not serve (404), a
+    method the environment lacks (501), a task index out of range (400). Answered
+    ``{"detail": ...}`` as upstream answers them."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.kind = TASK_REFUSED[status]  # type: ignore[misc]
+
+
+class NoMCPError(OpenEnvError):
+    """A tools call to an environment that takes no MCP calls."""
+
+    kind = UNSUPPORTED
 
 
 class EnvironmentResultError(OpenEnvError, TypeError):

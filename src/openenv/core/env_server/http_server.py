@@ -18,7 +18,7 @@ import inspect
 import logging
 import math
 import operator
-from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Optional, Type, Union
+from typing import Any, AsyncIterator, Callable, Dict, Optional, Type, Union
 
 import pydantic
 from fastapi import Body, FastAPI, Query, Request
@@ -30,10 +30,11 @@ from typing_extensions import Unpack
 from ..utils import tuned_gc
 from . import auth, resume
 from ._compat.openenv import UpstreamServerNames
-from .exceptions import EnvironmentCallError, EnvironmentResultError
-from .interfaces import Environment
+from .dispatch import Call, Dispatcher, Op
+from .exceptions import EnvironmentCallError, EnvironmentResultError, TaskRefusedError
+from .interfaces import Environment, EnvironmentHost
 from .limits import InFlightBudget
-from .mcp_endpoint import MCPDispatcher
+from .mcp_endpoint import MCPProtocol
 from .middleware import BearerAuth, BodyLimits, ErrorDetailsScope, SameOrigin, TransportLimits, http_error
 from .serialization import deserialize_action, serialize_observation, to_json_bytes, to_jsonable
 from .sessions import Session, SessionManager
@@ -160,11 +161,18 @@ class HTTPEnvServer(UpstreamServerNames):
         self.auth_token = auth.checked_token(settings.auth_token)
         self.manager.prepare = self.prepare_session
         max_chars = limits.max_message_bytes
-        self.mcp = MCPDispatcher(self.manager, action_cls, self.env_name, max_message_chars=max_chars)
-        self.ws_context = WSContext(self.manager, action_cls, max_chars, self.mcp)
-        """What the ``/ws`` handler gets of this server."""
-        self._metadata: Optional[EnvironmentMetadata] = None
-        self._schema: Optional[Dict[str, Any]] = None
+        self.dispatcher = Dispatcher(
+            self.manager,
+            env_name=self.env_name,
+            action_cls=action_cls,
+            observation_cls=observation_cls,
+            state_cls=state_cls,
+            reset_observation_cls=self.reset_observation_cls,
+        )
+        """Where every transport's calls go (:mod:`.dispatch`)."""
+        self.mcp = MCPProtocol(self.dispatcher, self.env_name, max_message_chars=max_chars)
+        self.ws_context = WSContext(self.dispatcher, max_chars, self.mcp)
+        """What the WebSocket routes get of this server."""
 
     # --- introspection (OpenEnv 0.10 API) ---------------------------------------------------
 
@@ -190,30 +198,25 @@ class HTTPEnvServer(UpstreamServerNames):
         return self.manager.session_info(session_id)
 
     def prepare_session(self, session: Session) -> None:
-        """Tell a new MCP environment the server's mode (for mode-specific tools) and worker pool
-        (for its sync tools)."""
-        if session.traits is not None and session.traits.mcp:
-            session.env._mode = self.mode
-            session.env._worker_pool = self.manager.pool
+        """Tell a new environment the server's mode and worker pool (:class:`~.interfaces.EnvironmentHost`)."""
+        if isinstance(session.env, Environment):
+            session.env.host = EnvironmentHost(mode=self.mode.value, pool=self.manager.pool)
 
-    # --- shared helpers of the routes -------------------------------------------------------
+    # --- the HTTP codec's one way to the dispatcher -----------------------------------------
 
-    async def _serve(
-        self,
-        work: Callable[[Session], Awaitable[Any]],
-        session_id: Optional[str] = None,
-        request: Optional[Request] = None,
-    ) -> Any:
-        """``work`` on the session named ``session_id`` (or on a throw-away one), its failures
-        answered as JSON errors with a code.
+    async def _serve(self, call: Call, request: Request, encode: Callable[[Any], Any]) -> Any:
+        """``encode`` of the answer to ``call``, its failures answered as JSON errors with a code.
 
-        With ``request`` (a stateless call), a client that disconnects meanwhile cancels the work:
-        its slot is freed at once, and a sync call still running goes on in its worker, the
-        environment closed once it returns. Calls on a named session are left to finish, so its
-        environment is never left halfway through one."""
-        if session_id or request is None:
-            seq = request.headers.get(resume.SEQ_HEADER) if request is not None else None
-            return await self._answer(work, session_id, seq)
+        A call on a named session may carry its number (``X-OpenEnv-Seq``): sent again, it is
+        answered from the record. A stateless call (no session named) is cancelled when its
+        client disconnects meanwhile: its slot is freed at once, and a sync call still running
+        goes on in its worker, the environment closed once it returns. Calls on a named session
+        are left to finish, so its environment is never left halfway through one."""
+        if call.session_id:
+            seq = request.headers.get(resume.SEQ_HEADER)
+            if seq is not None:
+                call.seq = int(seq) if seq.isascii() and seq.isdigit() and len(seq) <= 18 else seq
+            return await self._answer(call, encode)
         task = asyncio.current_task()
         gone = False
 
@@ -227,7 +230,7 @@ class HTTPEnvServer(UpstreamServerNames):
 
         watcher = asyncio.ensure_future(watch())
         try:
-            return await self._answer(work, None)
+            return await self._answer(call, encode)
         except asyncio.CancelledError:
             if not gone:
                 raise
@@ -238,70 +241,25 @@ class HTTPEnvServer(UpstreamServerNames):
         finally:
             watcher.cancel()
 
-    async def _answer(
-        self, work: Callable[[Session], Awaitable[Any]], session_id: Optional[str], seq: Optional[str] = None
-    ) -> Any:
+    async def _answer(self, call: Call, encode: Callable[[Any], Any]) -> Any:
         try:
-            if session_id:
-                session = self.manager.get(str(session_id))  # (never a socket's own: see SessionManager.get)
-                if seq is None:
-                    return await work(session)
-                # numbered (X-OpenEnv-Seq): a retried call is answered from the record, not run again
-                record = session.resume = session.resume or resume.Resume(session_id=session.id)
-                number = int(seq) if seq.isascii() and seq.isdigit() and len(seq) <= 18 else seq
-                return await record.once(number, lambda: work(session))
-            async with self.manager.temporary() as session:
-                return await work(session)
+            return encode(await self.dispatcher.run(call))
+        except TaskRefusedError as exc:  # in upstream's words: {"detail"} alone
+            return JSONResponse({"detail": exc.text}, status_code=exc.kind.http_status)
         except Exception as exc:
             return http_error(exc)
 
     async def _metadata_of_env(self) -> EnvironmentMetadata:
-        if self._metadata is None:
-            async with self.manager.temporary() as session:
-                metadata = await self.manager.call(session, "get_metadata", lambda env: env.get_metadata())
-            # an EnvironmentMetadata, or a dict of its fields (upstream's response model takes both)
-            if not isinstance(metadata, EnvironmentMetadata):
-                try:
-                    metadata = EnvironmentMetadata.model_validate(to_jsonable(metadata))
-                except pydantic.ValidationError as exc:  # the environment's fault, not the client's
-                    raise EnvironmentCallError(exc) from exc
-            self._metadata = metadata
-        return self._metadata
+        return await self.dispatcher.metadata()
 
     def schema(self) -> Dict[str, Any]:
-        if self._schema is None:
-            self._schema = SchemaResponse(
-                action=self.action_cls.model_json_schema(),
-                observation=self.observation_cls.model_json_schema(),
-                state=self.state_cls.model_json_schema(),
-                reset_observation=self.reset_observation_cls.model_json_schema(),
-            ).model_dump()
-        return self._schema
+        return self.dispatcher.schema()
 
     async def _call_task_method(self, env_name: str, method: str, *args: Any) -> Any:
         """``method`` of a fresh environment, its result checked and shaped into the reply (a
         method that fails, or returns what the reply cannot hold, is a JSON 500)."""
-        if env_name.lower() != self.env_name.lower():
-            return JSONResponse({"detail": f"unknown environment '{env_name}'"}, status_code=404)
-        unsupported = JSONResponse({"detail": f"{method} is not supported for this environment"}, status_code=501)
-
-        def invoke(env: Any) -> Any:
-            return getattr(env, method)(*args)
-
-        async def run(session: Session) -> Any:
-            fn = getattr(session.env, method, None)
-            if fn is None:
-                return unsupported
-            try:
-                sync_fn, async_fn = (None, invoke) if inspect.iscoroutinefunction(fn) else (invoke, None)
-                result = await self.manager.call(session, method, sync_fn, async_fn)
-            except NotImplementedError:
-                return unsupported
-            except IndexError:
-                return JSONResponse({"detail": "Invalid task index"}, status_code=400)
-            return _json_response(_task_reply(method, result, self.env_name))
-
-        return await self._serve(run)
+        call = Call(Op.TASK, (env_name, method, args))
+        return await self._answer(call, lambda result: _json_response(_task_reply(method, result, self.env_name)))
 
     # --- routes ------------------------------------------------------------------------------
 
@@ -318,7 +276,7 @@ class HTTPEnvServer(UpstreamServerNames):
         )
         app.add_api_route("/mcp", mcp.refuse_http_get, methods=["GET"], include_in_schema=False)
         app.add_api_route("/mcp", mcp.close_http, methods=["DELETE"], include_in_schema=False)
-        app.add_api_websocket_route("/mcp", mcp.serve_socket)
+        # (WS /mcp and /ws are served by WSRoute, ahead of the routes)
         self._register_task_routes(app)
         open_paths = auth.OPEN_PATHS
         if self.settings.web:
@@ -357,6 +315,8 @@ class HTTPEnvServer(UpstreamServerNames):
 
     def _register_simulation_routes(self, app: FastAPI) -> None:
         server = self
+        reset_response = functools.partial(_observation_response, ResetResponse)
+        step_response = functools.partial(_observation_response, StepResponse)
 
         @app.post(
             "/reset",
@@ -371,12 +331,8 @@ class HTTPEnvServer(UpstreamServerNames):
         )
         async def reset(http_request: Request, request: Optional[ResetRequest] = Body(default=None)) -> Any:
             kwargs = request.model_dump(exclude_unset=True) if request is not None else {}
-            session_id = kwargs.pop("session_id", None)
-
-            async def run(session: Session) -> Any:
-                return _observation_response(ResetResponse, await server.manager.reset(session, kwargs))
-
-            return await server._serve(run, session_id, http_request)
+            call = Call(Op.RESET, kwargs, kwargs.pop("session_id", None))
+            return await server._serve(call, http_request, reset_response)
 
         @app.post(
             "/step",
@@ -395,11 +351,7 @@ class HTTPEnvServer(UpstreamServerNames):
                 action = deserialize_action(kwargs.pop("action"), server.action_cls)
             except Exception as exc:
                 return http_error(exc)
-
-            async def run(session: Session) -> Any:
-                return _observation_response(StepResponse, await server.manager.step(session, action, kwargs))
-
-            return await server._serve(run, session_id, http_request)
+            return await server._serve(Call(Op.STEP, (action, kwargs), session_id), http_request, step_response)
 
         @app.get(
             "/state",
@@ -409,10 +361,7 @@ class HTTPEnvServer(UpstreamServerNames):
             description="The state of a fresh environment, or of the session named by `session_id`.",
         )
         async def state(http_request: Request, session_id: Optional[str] = Query(default=None)) -> Any:
-            async def run(session: Session) -> Any:
-                return _json_response(await server.manager.state(session))
-
-            return await server._serve(run, session_id, http_request)
+            return await server._serve(Call(Op.STATE, None, session_id), http_request, _json_response)
 
     def _register_info_routes(self, app: FastAPI) -> None:
         server = self

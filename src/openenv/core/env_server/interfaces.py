@@ -25,6 +25,7 @@ the event loop (see :attr:`Environment.RUNS_ON_EVENT_LOOP` for its cost).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 from abc import ABC, abstractmethod
 from typing import (
@@ -105,6 +106,22 @@ async def _awaited(awaitable: Any) -> Any:
     return await awaitable
 
 
+@dataclasses.dataclass(frozen=True)
+class EnvironmentHost:
+    """What the server an environment instance runs in tells it (:attr:`Environment.host`).
+
+    ``mode``: ``"simulation"`` or ``"production"``, the server's mode (an ``MCPEnvironment``
+    offers the tools of that mode). ``pool``: the server's worker pool (a
+    :class:`~.workers.WorkerPool`), where the environment's own blocking work may run (an
+    ``MCPEnvironment`` runs its sync tools there). Both None outside a server."""
+
+    mode: Optional[str] = None
+    pool: Any = None
+
+
+OUTSIDE_A_SERVER = EnvironmentHost()
+
+
 class Environment(ABC, Generic[ActT, ObsT, StateT]):
     """Base class of every environment; see the module docstring for the contract."""
 
@@ -126,6 +143,11 @@ class Environment(ABC, Generic[ActT, ObsT, StateT]):
     REPORT_REWARD_COMPONENTS: bool = False
     """True to have ``_apply_rubric`` put the rubric's named part scores (a reward vector) in the
     observation's ``metadata["reward_components"]``, as ``{"dotted.name": score}``."""
+
+    host: EnvironmentHost = OUTSIDE_A_SERVER
+    """The server this instance runs in: its mode and worker pool (:class:`EnvironmentHost`). The
+    server sets it on each instance it builds, before the first call; an instance used on its
+    own keeps the default (no mode, no pool)."""
 
     def __init__(self, transform: Optional[Transform] = None, rubric: Optional[Rubric] = None) -> None:
         self.transform = transform

@@ -1,14 +1,15 @@
-"""MCP over JSON-RPC: ``POST``/``DELETE /mcp``, ``WS /mcp``, and ``{"type": "mcp"}`` frames on ``/ws``.
+"""MCP's JSON-RPC: ``POST``/``DELETE /mcp``, ``WS /mcp`` frames and ``{"type": "mcp"}`` frames on ``/ws``.
 
-The three transports share one parse (:func:`parse_request`), one dispatcher
-(:meth:`MCPDispatcher.dispatch`) and one error renderer (:func:`rpc_error`, by the table of
-:mod:`.exceptions`); the two sockets share one answer to a message (:meth:`MCPDispatcher.answer`).
+A codec around the one dispatch (:mod:`.dispatch`): one parse (:func:`parse_request`), one
+mapping of methods to calls (:class:`MCPProtocol`) and one error renderer (:func:`rpc_error`, by
+the table of :mod:`.exceptions`). The sockets (``WS /mcp`` and ``/ws``) are served by
+:mod:`.ws_endpoint`, which hands each JSON-RPC message here (:meth:`MCPProtocol.answer`).
 
 Methods: ``tools/list`` and ``tools/call``; OpenEnv's ``openenv/session/create`` and
 ``openenv/session/close``; and the MCP lifecycle (``initialize``, ``ping``, ``notifications/*``)
 so that standard MCP clients can use an environment's tools.
 
-Two dialects share one dispatcher. OpenEnv 0.10 clients get OpenEnv's answers (a failing tool is a
+Two dialects share one mapping. OpenEnv 0.10 clients get OpenEnv's answers (a failing tool is a
 JSON-RPC ``-32603`` error). Standard MCP clients — recognised by the ``MCP-Protocol-Version``
 header they send after ``initialize`` — get a failing tool as a result with ``isError: true``, as
 the MCP specification asks. A ``tools/call`` result carries both key styles: ``content``,
@@ -18,31 +19,27 @@ the MCP specification asks. A ``tools/call`` result carries both key styles: ``c
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from typing import Any, Callable, Dict, Optional, Type, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import pydantic
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.websockets import WebSocket
 
 from . import error_details as shown_errors
 from . import resume
+from .dispatch import Call, Dispatcher, Op
 from .exceptions import EXECUTION, OpenEnvError, SessionNotFoundError, kind_of
 from .mcp_types import (
-    CallToolAction,
     JsonRpcErrorCode,
     JsonRpcRequest,
     JsonRpcResponse,
-    ListToolsAction,
-    ListToolsObservation,
+    ToolCallFailed,
     ToolErrorType,
     request_id_of,
 )
 from .serialization import dumps_json, parse_json
-from .sessions import Session, SessionKind, SessionManager
-from .types import Action, Observation
+from .sessions import Session
 
 logger = logging.getLogger("openenv.server")
 
@@ -52,7 +49,7 @@ SUPPORTED_PROTOCOL_VERSIONS = frozenset({"2024-11-05", "2025-03-26", "2025-06-18
 ``initialize`` answers the requested one when it is among them, else the latest."""
 
 _NO_RESPONSE = object()  # what a notification gets
-_BINARY_FRAME = JsonRpcResponse.error_response(
+BINARY_FRAME = JsonRpcResponse.error_response(
     JsonRpcErrorCode.PARSE_ERROR, "Parse error: binary frames are not supported"
 )
 _FAILED_TOOL = {"isError": True, "is_error": True, "structured_content": None, "data": None, "meta": None}
@@ -107,62 +104,45 @@ def _rpc_reply(response: JsonRpcResponse, status: int = 200, headers: Optional[D
     )
 
 
-def _tool_listing(tool: Any) -> Dict[str, Any]:
-    """A tools/list entry: the MCP ``Tool`` with its wire names (``inputSchema``, ``_meta``) and
-    its empty fields as null, plus ``meta``, so that it carries every key upstream sends
-    (name, title, description, inputSchema, outputSchema, icons, annotations, meta, execution)."""
-    entry = tool.to_mcp_tool().model_dump(mode="json", by_alias=True)
-    entry.setdefault("meta", entry.get("_meta"))
-    for key in ("title", "description", "outputSchema", "icons", "annotations", "execution"):
-        entry.setdefault(key, None)
-    return entry
+class MCPProtocol:
+    """MCP's JSON-RPC around the :class:`~.dispatch.Dispatcher`: requests in, responses out."""
 
-
-class MCPDispatcher:
-    """Answers one JSON-RPC request against a :class:`SessionManager`'s sessions."""
-
-    def __init__(
-        self,
-        manager: SessionManager,
-        action_cls: Type[Action],
-        server_name: str,
-        max_message_chars: int,
-    ) -> None:
-        self.manager = manager
+    def __init__(self, dispatcher: Dispatcher, server_name: str, max_message_chars: int) -> None:
+        self.dispatcher = dispatcher
+        self.manager = dispatcher.manager
         self.max_message_chars = max_message_chars
-        self.action_cls = action_cls
         self.server_name = server_name
 
-    async def dispatch(
+    async def respond(
         self,
         request: JsonRpcRequest,
         *,
-        session: Optional[Session] = None,
-        socket_owned: bool = False,
+        own: Optional[Session] = None,
+        session_id: Optional[str] = None,
         mcp_dialect: bool = False,
+        seq: Any = None,
     ) -> Optional[JsonRpcResponse]:
-        """The response to ``request`` (None for notifications).
-
-        ``session`` is the session the request arrived on (a socket's, or an MCP HTTP session);
-        ``socket_owned`` says it belongs to the connection the request came through.
-        """
+        """The response to ``request`` (None for notifications). ``own``: the session of the
+        connection it came through; ``session_id``: the session an MCP client's
+        ``Mcp-Session-Id`` names (else ``params.session_id`` may name one); ``seq``: the call's
+        number, where the connection numbers its calls (a tools call is then answered once)."""
         try:
-            result = await self._dispatch(request, session, socket_owned, mcp_dialect)
+            result = await self._method(request, own, session_id, mcp_dialect, seq)
         except Exception as exc:
             return rpc_error(exc, request.id, f"MCP request {request.method} failed")
         if result is _NO_RESPONSE:
             return None
         return JsonRpcResponse.success(result, request.id)
 
-    async def answer(self, message: Any, session: Session) -> Optional[JsonRpcResponse]:
+    async def answer(self, message: Any, session: Session, seq: Any = None) -> Optional[JsonRpcResponse]:
         """The response to one JSON-RPC message (a frame's text, or the ``data`` of a ``/ws``
         frame) that came through the socket owning ``session``; None for a notification."""
         request = parse_request(message, self.max_message_chars)
         if isinstance(request, JsonRpcResponse):
             return request
-        return await self.dispatch(request, session=session, socket_owned=True)
+        return await self.respond(request, own=session, seq=seq)
 
-    # --- the transports -------------------------------------------------------------------
+    # --- POST /mcp --------------------------------------------------------------------------
 
     async def serve_http(self, request: Request) -> Response:
         """``POST /mcp``: one request; an MCP client's session travels in ``Mcp-Session-Id``
@@ -178,19 +158,18 @@ class MCPDispatcher:
             return _rpc_reply(
                 JsonRpcResponse.error_response(JsonRpcErrorCode.INVALID_REQUEST, message, None, rpc.id), 400
             )
-        session: Optional[Session] = None
         headers: Dict[str, str] = {}
         create_key = request.headers.get(resume.CREATE_KEY_HEADER)
         try:
             if create_key and rpc.method == "openenv/session/create" and not header_session:
                 # sent again after its answer was lost: the same session, not a second one
-                session = await self.manager.create_once(create_key)
+                session = await self.dispatcher.run(Call(Op.CREATE, create_key))
                 return _rpc_reply(JsonRpcResponse.success({"session_id": session.id}, rpc.id))
             if header_session:
-                session = self.manager.get(header_session)
+                self.dispatcher.session_named(header_session)  # an unknown one is answered 404 here
             elif rpc.method == "initialize":
-                session = await self.manager.create(SessionKind.DETACHED)
-                headers["mcp-session-id"] = session.id
+                header_session = (await self.dispatcher.run(Call(Op.CREATE))).id
+                headers["mcp-session-id"] = header_session
         except SessionNotFoundError:
             # (a socket's own session is not found by id either: the same answer, see SessionManager.get)
             message = (
@@ -203,7 +182,7 @@ class MCPDispatcher:
         except Exception as exc:  # capacity, a failing factory, shutdown, ...: a JSON-RPC error
             return _rpc_reply(rpc_error(exc, rpc.id, "could not open an MCP session"))
         mcp_dialect = protocol is not None or header_session is not None
-        response = await self.dispatch(rpc, session=session, mcp_dialect=mcp_dialect)
+        response = await self.respond(rpc, session_id=header_session, mcp_dialect=mcp_dialect)
         if response is None:
             return Response(status_code=202)
         return _rpc_reply(response, headers=headers)
@@ -218,60 +197,40 @@ class MCPDispatcher:
         if not session_id:
             return Response(status_code=400)
         try:
-            await self.manager.request_close(session_id)
+            await self.dispatcher.run(Call(Op.CLOSE, session_id))
         except OpenEnvError as exc:
             return Response(status_code=kind_of(exc).http_status)
         return Response(status_code=204)
 
-    async def serve_socket(self, websocket: WebSocket) -> None:
-        """``WS /mcp``: one session for the socket's life, one JSON-RPC request per text frame."""
-        await websocket.accept()
-        try:
-            session = await self.manager.create(SessionKind.SOCKET)
-        except Exception as exc:
-            error = rpc_error(exc, None, "could not open an MCP session")
-            with contextlib.suppress(Exception):  # the client may be gone already
-                await websocket.send_text(dumps_json(error.model_dump()))
-                await websocket.close(kind_of(exc).close_code)
-            return
-        try:
-            while True:
-                message = await websocket.receive()
-                if message["type"] == "websocket.disconnect":
-                    break
-                text = message.get("text")
-                answer = _BINARY_FRAME if text is None else await self.answer(text, session)
-                if answer is not None:
-                    await websocket.send_text(dumps_json(answer.model_dump()))
-        except Exception:
-            pass
-        finally:
-            await self.manager.detach(session)
-
     # --- methods ----------------------------------------------------------------------------
 
-    async def _dispatch(
-        self, request: JsonRpcRequest, session: Optional[Session], socket_owned: bool, mcp_dialect: bool
+    async def _method(
+        self, request: JsonRpcRequest, own: Optional[Session], session_id: Optional[str], mcp_dialect: bool, seq: Any
     ) -> Any:
         method, params = request.method, request.params
         if method == "tools/call":
-            return await self._on_target(session, params, lambda s: self._call_tool(s, params, mcp_dialect))
+            call = Call(Op.CALL_TOOL, _tool_call(params), session_id or params.get("session_id") or None, seq)
+            try:
+                result = await self.dispatcher.run(call, own)
+            except ToolCallFailed as failure:
+                error = failure.error
+                if mcp_dialect and error.error_type is not ToolErrorType.TOOL_NOT_FOUND:
+                    return {"content": [{"type": "text", "text": error.message}], **_FAILED_TOOL}
+                code = JsonRpcErrorCode.INVALID_PARAMS if mcp_dialect else JsonRpcErrorCode.INTERNAL_ERROR
+                raise _RpcError(code, error.message, {"error_type": error.error_type.value}) from None
+            if result.observation and mcp_dialect:
+                return _as_mcp_result(result.value)
+            return result.value
         if method == "tools/list":
-            return await self._on_target(session, params, self._list_tools)
+            call = Call(Op.LIST_TOOLS, None, session_id or params.get("session_id") or None, seq)
+            return {"tools": await self.dispatcher.run(call, own)}
         if method == "openenv/session/create":
-            if session is not None and socket_owned:
-                return {"session_id": session.id}
-            return {"session_id": (await self.manager.create(SessionKind.DETACHED)).id}
+            return {"session_id": (await self.dispatcher.run(Call(Op.CREATE), own)).id}
         if method == "openenv/session/close":
-            session_id = params.get("session_id")
-            if not session_id:
+            target = params.get("session_id")
+            if not target:
                 raise _RpcError(JsonRpcErrorCode.INVALID_PARAMS, "Invalid params - 'session_id' is required")
-            if socket_owned and session is not None and session_id == session.id:
-                raise _RpcError(
-                    JsonRpcErrorCode.INVALID_REQUEST,
-                    "Cannot close the session of this connection; close the connection instead",
-                )
-            return await self.manager.request_close(str(session_id))
+            return await self.dispatcher.run(Call(Op.CLOSE, str(target)), own)
         if method == "initialize":
             requested = params.get("protocolVersion")
             version = requested if requested in SUPPORTED_PROTOCOL_VERSIONS else LATEST_PROTOCOL_VERSION
@@ -287,64 +246,18 @@ class MCPDispatcher:
             return _NO_RESPONSE if request.id is None else {}
         raise _RpcError(JsonRpcErrorCode.METHOD_NOT_FOUND, f"Method not found: {method}")
 
-    async def _on_target(
-        self, session: Optional[Session], params: Dict[str, Any], operation: Callable[[Session], Any]
-    ) -> Any:
-        """Run ``operation`` on the request's session, the one named in params, or a throw-away one."""
-        if session is None and params.get("session_id"):
-            session = self.manager.get(str(params["session_id"]))
-        if session is not None:
-            return await operation(session)
-        async with self.manager.temporary() as temporary:
-            return await operation(temporary)
 
-    async def _step_mcp_action(self, session: Session, action: Action) -> Observation:
-        """The answer of an environment that is no MCPEnvironment but takes MCP actions."""
-        if self.action_cls not in (CallToolAction, ListToolsAction):
-            raise _RpcError(JsonRpcErrorCode.INTERNAL_ERROR, "Environment does not support MCP")
-        return await self.manager.step(session, action)
-
-    async def _list_tools(self, session: Session) -> Dict[str, Any]:
-        assert session.traits is not None
-        if session.traits.mcp:
-            tools = await self.manager.call(session, "tools/list", None, lambda env: env.fastmcp_tools())
-            return {"tools": [_tool_listing(t) for t in tools]}
-        observation = await self._step_mcp_action(session, ListToolsAction())
-        if not isinstance(observation, ListToolsObservation):
-            raise _RpcError(
-                JsonRpcErrorCode.INTERNAL_ERROR, "Environment answered tools/list without a ListToolsObservation"
-            )
-        return {"tools": [{**tool.model_dump(), "inputSchema": tool.input_schema} for tool in observation.tools]}
-
-    async def _call_tool(self, session: Session, params: Dict[str, Any], mcp_dialect: bool) -> Dict[str, Any]:
-        name = params.get("name")
-        if name is None or name == "":
-            raise _RpcError(JsonRpcErrorCode.INVALID_PARAMS, "Missing 'name' in params")
-        if not isinstance(name, str):
-            raise _RpcError(JsonRpcErrorCode.INVALID_PARAMS, "'name' must be a string")
-        arguments = {} if params.get("arguments") is None else params["arguments"]
-        if not isinstance(arguments, dict):
-            raise _RpcError(JsonRpcErrorCode.INVALID_PARAMS, "'arguments' must be an object")
-        assert session.traits is not None
-        if not session.traits.mcp:
-            observation = await self._step_mcp_action(session, CallToolAction(tool_name=name, arguments=arguments))
-            dump = observation.model_dump(mode="json")
-            return _as_mcp_result(dump) if mcp_dialect else dump
-
-        from .mcp_environment import ToolCallFailed
-
-        try:
-            payload = await self.manager.call(
-                session, "tools/call", None, lambda env: env.call_tool_payload(name, arguments), step=True
-            )
-        except ToolCallFailed as failure:
-            session.touch(step=True)  # a failed call is a step too
-            error = failure.error
-            if mcp_dialect and error.error_type is not ToolErrorType.TOOL_NOT_FOUND:
-                return {"content": [{"type": "text", "text": error.message}], **_FAILED_TOOL}
-            code = JsonRpcErrorCode.INVALID_PARAMS if mcp_dialect else JsonRpcErrorCode.INTERNAL_ERROR
-            raise _RpcError(code, error.message, {"error_type": error.error_type.value}) from None
-        return {**payload, "structuredContent": payload["structured_content"], "isError": payload["is_error"]}
+def _tool_call(params: Dict[str, Any]) -> Tuple[str, Dict[str, Any]]:
+    """``tools/call``'s tool name and arguments, checked."""
+    name = params.get("name")
+    if name is None or name == "":
+        raise _RpcError(JsonRpcErrorCode.INVALID_PARAMS, "Missing 'name' in params")
+    if not isinstance(name, str):
+        raise _RpcError(JsonRpcErrorCode.INVALID_PARAMS, "'name' must be a string")
+    arguments = {} if params.get("arguments") is None else params["arguments"]
+    if not isinstance(arguments, dict):
+        raise _RpcError(JsonRpcErrorCode.INVALID_PARAMS, "'arguments' must be an object")
+    return name, arguments
 
 
 def _as_mcp_result(dump: Dict[str, Any]) -> Dict[str, Any]:

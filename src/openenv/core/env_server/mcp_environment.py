@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import inspect
 import logging
@@ -55,6 +56,7 @@ from .mcp_types import (
     ListToolsAction,
     ListToolsObservation,
     Tool,
+    ToolCallFailed,
     ToolError,
     ToolErrorType,
     tool_result_value,
@@ -102,14 +104,6 @@ def _injects_parameters(tool: Any) -> bool:
 
 
 _ModeTool = Tuple[FastMCPTool, Optional[DirectTool]]
-
-
-class ToolCallFailed(Exception):
-    """A tool call failed; ``error`` says how (see :class:`ToolErrorType`)."""
-
-    def __init__(self, error: ToolError) -> None:
-        self.error = error
-        super().__init__(error.message)
 
 
 def _failure(exc: BaseException, name: str, mask: bool = False) -> ToolCallFailed:
@@ -193,8 +187,8 @@ class MCPEnvironment(Environment):
     """An environment that exposes FastMCP tools as its actions.
 
     ``self.mcp_server`` is the FastMCP server. Tools declared with ``@self.tool(mode=...)`` are
-    offered only when the server runs in that mode (``"production"`` or ``"simulation"``); the
-    server sets ``self._mode`` on every instance it builds.
+    offered only when the server runs in that mode (``"production"`` or ``"simulation"``), which
+    the server tells each instance it builds (``self.host.mode``, :class:`~.interfaces.EnvironmentHost`).
 
     A tool call's observation is a :class:`CallToolObservation`; when the environment has a
     ``rubric`` its score becomes the observation's reward, and its ``transform`` is applied
@@ -204,8 +198,8 @@ class MCPEnvironment(Environment):
     def __init__(self, mcp_server: FastMCP, transform: Optional[Transform] = None) -> None:
         """``mcp_server`` holds the tools (none may have a reserved name: ``ValueError``);
         ``transform`` is applied to each MCP action's observation. As upstream's, the constructor
-        takes no ``mode``: the server sets ``self._mode`` (``"simulation"`` or ``"production"``,
-        its own mode) on every instance it builds, and :meth:`tool` declares tools per mode."""
+        takes no ``mode``: the server gives every instance it builds its own mode (``self.host``),
+        and :meth:`tool` declares tools per mode."""
         super().__init__(transform=transform)
         _check_names(registered_tool_names(mcp_server))
         self.mcp_server = mcp_server
@@ -311,9 +305,17 @@ class MCPEnvironment(Environment):
 
     # --- listing and calling ------------------------------------------------------------------
 
+    @property
+    def _mode(self) -> Optional[str]:
+        """Upstream's name for the server's mode (``self.host.mode``); code written for it sets it."""
+        return self.host.mode
+
+    @_mode.setter
+    def _mode(self, mode: Any) -> None:
+        self.host = dataclasses.replace(self.host, mode=getattr(mode, "value", mode))
+
     def _visible_mode_tools(self) -> Dict[str, _ModeTool]:
-        mode = getattr(self, "_mode", None)
-        mode = getattr(mode, "value", mode)
+        mode = self.host.mode
         return self._mode_tools.get(mode, {}) if isinstance(mode, str) else {}
 
     async def fastmcp_tools(self) -> List[FastMCPTool]:
@@ -409,7 +411,7 @@ class MCPEnvironment(Environment):
         A sync call given up on (its deadline passed, its client left) goes on running in its
         worker; the next sync tool call on this environment waits until it has returned (within
         its own deadline), so two never run on one instance."""
-        pool = getattr(self, "_worker_pool", None) or _default_pool()
+        pool = self.host.pool or _default_pool()
         previous = getattr(self, "_abandoned_tool_call", None)
         if previous is not None:
             # (A call from another loop, as a sync step's own loop is, cannot be waited for here.)

@@ -147,6 +147,14 @@ class ToolError(BaseModel):
     message: str
 
 
+class ToolCallFailed(Exception):
+    """A tool call failed; ``error`` says how (see :class:`ToolErrorType`)."""
+
+    def __init__(self, error: ToolError) -> None:
+        self.error = error
+        super().__init__(error.message)
+
+
 class ListToolsAction(Action):
     type: Literal["list_tools"] = "list_tools"
 

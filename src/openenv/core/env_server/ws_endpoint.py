@@ -1,15 +1,23 @@
-"""The ``/ws`` session protocol: one socket, one session, one environment instance.
+"""The WebSocket routes: ``/ws`` (the session protocol) and ``WS /mcp`` (JSON-RPC), one connection
+each, one session per connection.
 
-Frames are JSON objects ``{"type": ..., "data": ...}`` (the spec's section 4). A bad frame of any
-kind (not JSON, not an object, binary, too large, unknown type, invalid action) gets an error frame
-and the connection goes on. A client leaving during a long step is noticed within
-``WATCH_AFTER_S`` (:class:`ConnectionWatch`): the step is cancelled (a sync one finishes in its
-worker, then its environment is closed) and the session's slot is freed; but on a resumable
-connection (:mod:`.resume`) the step runs to its end and its answer waits, with the session, for
-the client to resume. A server that stops on purpose closes its connections with
-:data:`.resume.STOPPING_CLOSE_CODE` and :data:`.resume.STOPPING_REASON` (:meth:`WSContext.stopping`,
-and the protocol of :mod:`._compat.uvicorn`): their sessions end, and clients are not left trying
-to resume them.
+Both are served by :class:`WSConnection`, which owns what belongs to a socket: the handshake, the
+session it opens, attaches to (``?session_id=``) or resumes (:mod:`.resume`), noticing a client
+that leaves, and the close. What a text frame means is its route's :class:`WSProtocol`:
+:class:`SessionFrames` for ``/ws`` (JSON objects ``{"type": ..., "data": ...}``, the spec's
+section 4) and :class:`MCPFrames` for ``WS /mcp`` (one JSON-RPC message per frame, answered by
+:mod:`.mcp_endpoint`); each decodes a frame into a call for the one dispatch (:mod:`.dispatch`)
+and encodes its answer. A bad frame of any kind (not JSON, not an object, binary, too large,
+unknown type, invalid action) gets an error answer and the connection goes on.
+
+A client leaving during a long call is noticed within ``WATCH_AFTER_S`` (:class:`ConnectionWatch`):
+the call is cancelled (a sync one finishes in its worker, then its environment is closed) and the
+session's slot is freed; but on a resumable connection the call runs to its end and its answer
+waits, with the session, for the client to resume. A frame may carry its call's number (``"seq"``
+beside the frame's own keys) once the handshake granted a resume. A server that stops on purpose
+closes its connections with :data:`.resume.STOPPING_CLOSE_CODE` and :data:`.resume.STOPPING_REASON`
+(:meth:`WSContext.stopping`, and the protocol of :mod:`._compat.uvicorn`): their sessions end, and
+clients are not left trying to resume them.
 """
 
 from __future__ import annotations
@@ -27,9 +35,10 @@ import pydantic
 from starlette.routing import Match
 
 from . import resume
+from .dispatch import Call, Dispatcher, Op
 from .exceptions import MessageTooLargeError, OpenEnvError, kind_of
-from .mcp_endpoint import MCPDispatcher
-from .mcp_types import JsonRpcResponse, WSMCPMessage
+from .mcp_endpoint import BINARY_FRAME, MCPProtocol, rpc_error
+from .mcp_types import JsonRpcErrorCode, JsonRpcResponse, WSMCPMessage
 from .middleware import refuse_handshake, route_path
 from .serialization import (
     WS_ENVELOPE_KEYS,
@@ -40,7 +49,7 @@ from .serialization import (
     observation_message_json,
     parse_json,
 )
-from .sessions import Session, SessionKind, SessionManager, SessionState
+from .sessions import Session, SessionKind, SessionState
 from .types import ResetRequest, WSErrorCode, WSResetMessage, WSStateMessage, WSStepMessage
 
 PIPELINE_DEPTH = 16
@@ -72,7 +81,7 @@ def _envelope_error(model: type, message: Any) -> str:
     return error_frame(WSErrorCode.VALIDATION_ERROR, "Invalid message")
 
 
-CLOSE = object()  # handle_text's reply to a close message
+CLOSE = object()  # a protocol's reply to a close message
 READ_TO_END_S = 1.0  # how long a connection whose reply failed is read for how it ended
 
 
@@ -118,13 +127,18 @@ class ConnectionWatch:
 
 @dataclasses.dataclass
 class WSContext:
-    """What the ``/ws`` handler needs of its server."""
+    """What the WebSocket routes need of their server."""
 
-    manager: SessionManager
-    action_cls: type
+    dispatcher: Dispatcher
     max_message_chars: int
-    mcp: MCPDispatcher
+    mcp: MCPProtocol
     watch: ConnectionWatch = dataclasses.field(default_factory=ConnectionWatch)
+    protocols: Dict[str, WSProtocol] = dataclasses.field(default_factory=dict)
+    """Each WebSocket route's protocol, by path."""
+
+    def __post_init__(self) -> None:
+        self.manager = self.dispatcher.manager
+        self.protocols = {"/ws": SessionFrames(self), "/mcp": MCPFrames(self)}
 
     async def stopping(self) -> None:
         """The server stops on purpose (its app's lifespan ends): close every connection still
@@ -133,11 +147,11 @@ class WSContext:
 
 
 class WSRoute:
-    """ASGI middleware serving ``/ws`` itself, ahead of the framework's routing and exception
-    wrappers (they would add a layer to every frame sent); everything else passes through, but a
-    WebSocket handshake to a path none of ``routes`` (the app's) takes gets a 404 that says so.
-    (Starlette's own answer is a close before accepting, which reaches the client as a 403, the
-    status of a refused token.)"""
+    """ASGI middleware serving the WebSocket routes (``/ws``, ``/mcp``) itself, ahead of the
+    framework's routing and exception wrappers (they would add a layer to every frame sent);
+    everything else passes through, but a WebSocket handshake to a path none of ``routes`` (the
+    app's) takes gets a 404 that says so. (Starlette's own answer is a close before accepting,
+    which reaches the client as a 403, the status of a refused token.)"""
 
     def __init__(self, app: Any, context: WSContext, routes: Sequence[Any] = ()) -> None:
         self.app = app
@@ -147,8 +161,10 @@ class WSRoute:
     async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "websocket":
             await self.app(scope, receive, send)
-        elif route_path(scope) == "/ws":
-            await WSConnection(self.context, scope, receive, send).run()
+            return
+        protocol = self.context.protocols.get(route_path(scope))
+        if protocol is not None:
+            await WSConnection(self.context, scope, receive, send, protocol).run()
         elif self.routes and not any(route.matches(scope)[0] is not Match.NONE for route in self.routes):
             path = route_path(scope)
             detail = f"no WebSocket route at {path}: this server's are /ws and /mcp, under its base URL"
@@ -179,17 +195,20 @@ _CONNECTION_MOVES: Dict[ConnectionState, FrozenSet[ConnectionState]] = {
 
 
 class WSConnection:
-    """Serves one ``/ws`` connection over raw ASGI ``receive``/``send``."""
+    """Serves one WebSocket connection over raw ASGI ``receive``/``send``; ``protocol`` says what
+    its frames mean."""
 
-    def __init__(self, context: WSContext, scope: Dict[str, Any], receive: Any, send: Any) -> None:
+    def __init__(
+        self, context: WSContext, scope: Dict[str, Any], receive: Any, send: Any, protocol: WSProtocol
+    ) -> None:
         self.context = context
         self.manager = context.manager
+        self.protocol = protocol
         self.scope = scope
         self.receive = receive
         self.send = send
         self.session: Optional[Session] = None
         self.max_chars = context.max_message_chars
-        self.action_cls = context.action_cls
         self.busy_since: Optional[float] = None  # loop time the current step began
         self.state = ConnectionState.HANDSHAKE
         self._task: Optional[asyncio.Task] = None
@@ -324,14 +343,14 @@ class WSConnection:
             if len(text) <= self.max_chars:
                 return message
             too_large = MessageTooLargeError(len(text), self.max_chars, "characters")
-            return {"type": "websocket.receive", "reply": error_frame_of(too_large, "")}
+            return {"type": "websocket.receive", "reply": self.protocol.refusal(too_large)}
         if message["type"] == "websocket.disconnect":
             code = message.get("code")
             self.clean = code == 1000
             # 1001/1012: the server closes it as it stops (or the client goes away): no resume
             self.stopping = self.stopping or code in resume.SERVER_CLOSE_CODES
             return message
-        return {"type": "websocket.receive", "reply": _BINARY}
+        return {"type": "websocket.receive", "reply": self.protocol.binary}
 
     async def _open_session(self) -> Optional[Session]:
         """Accept the handshake and open (or attach to, or resume) the connection's session."""
@@ -357,7 +376,7 @@ class WSConnection:
             await self._accept(record)
             return await self.manager.create(SessionKind.SOCKET, resume=record)
         except Exception as exc:
-            frame = error_frame_of(exc, "could not open a session", fallback=WSErrorCode.SESSION_ERROR)
+            frame = self.protocol.open_refused(exc)
             close_code = kind_of(exc).close_code
         if not self.accepted:  # (an attach refused before the accept)
             await self._accept(None)
@@ -390,6 +409,7 @@ class WSConnection:
         # Our protocol writes a text message at once where it can (see _compat.uvicorn), sparing the
         # ASGI send's coroutine and websockets' framing.
         send_now = getattr(getattr(send, "__self__", None), "send_text_now", None)
+        protocol = self.protocol
         while True:
             if self.superseded:
                 return
@@ -405,7 +425,7 @@ class WSConnection:
             text = message.get("text")
             self.busy_since = loop.time()
             try:
-                reply = await self.handle_text(text) if text is not None else message["reply"]
+                reply = await protocol.reply(self, text) if text is not None else message["reply"]
             finally:
                 self.busy_since = None
             if self._watcher is not None:
@@ -417,6 +437,8 @@ class WSConnection:
                 await self._release()
                 await self._close(1000)
                 return
+            if reply is None:  # (a JSON-RPC notification: no answer)
+                continue
             if send_now is None or not send_now(reply):
                 try:
                     await send({"type": "websocket.send", "text": reply})
@@ -452,7 +474,43 @@ class WSConnection:
                 self.clean = True
                 return
 
-    async def handle_text(self, text: str) -> Any:
+
+class WSProtocol:
+    """What one WebSocket route's frames mean: how a text frame is answered (a text to send, None
+    for nothing, or :data:`CLOSE`), and how its refusals read."""
+
+    binary: str
+    """The answer to a binary frame."""
+
+    async def reply(self, connection: WSConnection, text: str) -> Any:
+        raise NotImplementedError
+
+    def refusal(self, exc: BaseException) -> str:
+        """The answer to a frame refused before it is read (one too large, say)."""
+        raise NotImplementedError
+
+    def open_refused(self, exc: BaseException) -> str:
+        """The frame sent before closing a connection whose session could not be opened."""
+        raise NotImplementedError
+
+
+class SessionFrames(WSProtocol):
+    """``/ws``: ``{"type": "reset" | "step" | "state" | "mcp" | "close", "data": ...}`` frames."""
+
+    binary = _BINARY
+
+    def __init__(self, context: WSContext) -> None:
+        self.dispatcher = context.dispatcher
+        self.action_cls = context.dispatcher.action_cls
+        self.mcp = context.mcp
+
+    def refusal(self, exc: BaseException) -> str:
+        return error_frame_of(exc, "")
+
+    def open_refused(self, exc: BaseException) -> str:
+        return error_frame_of(exc, "could not open a session", fallback=WSErrorCode.SESSION_ERROR)
+
+    async def reply(self, connection: WSConnection, text: str) -> Any:
         """The reply to one text frame of at most the message limit (or CLOSE)."""
         try:
             message = parse_json(text)
@@ -460,60 +518,81 @@ class WSConnection:
             return error_frame(WSErrorCode.INVALID_JSON, f"Invalid JSON: {exc}")
         if not isinstance(message, dict):
             return _envelope_error(WSStepMessage, message)
-        record = self.session.resume if self.session is not None else None
-        if record is not None and resume.SEQ_KEY in message:
+        session = connection.session
+        seq = None
+        if session is not None and session.resume is not None and resume.SEQ_KEY in message:
             seq = message.pop(resume.SEQ_KEY)
-            try:
-                return await record.once(seq, lambda: self.dispatch(message))
-            except Exception as exc:
-                return error_frame_of(exc, "call refused")
-        return await self.dispatch(message)
-
-    async def dispatch(self, message: Dict[str, Any]) -> Any:
-        """The reply to one frame's JSON object (or CLOSE)."""
         kind = message.get("type")
         try:
-            if kind == "step":  # the hot path, kept inline
+            if kind == "step":  # the hot path, kept first
                 data = message.get("data")
                 if message.keys() != WS_ENVELOPE_KEYS or not isinstance(data, dict):
                     return _envelope_error(WSStepMessage, message)
                 action = deserialize_action(data, self.action_cls)
-                observation = await self.manager.step(self.session, action)  # type: ignore[arg-type]
+                observation = await self.dispatcher.run(Call(Op.STEP, (action, None), None, seq), session)
                 return observation_message_json(observation)
             if kind == "reset":
-                return await self._reset(message)
+                data = message.get("data", {})
+                if not message.keys() <= WS_ENVELOPE_KEYS or not isinstance(data, dict):
+                    return _envelope_error(WSResetMessage, message)
+                if any(key in data for key in _RESET_CHECKED):
+                    ResetRequest.model_validate(data)  # same bounds on seed / episode_id as HTTP /reset
+                observation = await self.dispatcher.run(Call(Op.RESET, data, None, seq), session)
+                return observation_message_json(observation)
             if kind == "state" or kind == "close":
                 if message.keys() != _BARE_KEYS:
                     return _envelope_error(WSStateMessage, message)
-                return await self._state() if kind == "state" else CLOSE
+                if kind == "close":
+                    return CLOSE
+                state = await self.dispatcher.run(Call(Op.STATE, None, None, seq), session)
+                return '{"type":"state","data":' + dumps_json(_state_data(state)) + "}"
             if kind == "mcp":
-                return await self._mcp(message)
+                if not message.keys() <= WS_ENVELOPE_KEYS or not isinstance(message.get("data"), dict):
+                    return _envelope_error(WSMCPMessage, message)
+                response = await self.mcp.answer(message["data"], session, seq)  # type: ignore[arg-type]
+                session.touch()  # type: ignore[union-attr]
+                # Every frame gets a reply (the client waits for one): a notification's is an empty result.
+                return '{"type":"mcp","data":' + dumps_json((response or _EMPTY_RESULT).model_dump()) + "}"
         except Exception as exc:
             return error_frame_of(exc, "environment call failed")
         shown = kind if isinstance(kind, str) else ("" if kind is None else json.dumps(kind))
         return error_frame(WSErrorCode.UNKNOWN_TYPE, f"Unknown message type: {shown}")
 
-    async def _reset(self, message: Dict[str, Any]) -> str:
-        data = message.get("data", {})
-        if not message.keys() <= WS_ENVELOPE_KEYS or not isinstance(data, dict):
-            return _envelope_error(WSResetMessage, message)
-        if any(key in data for key in _RESET_CHECKED):
-            ResetRequest.model_validate(data)  # same bounds on seed / episode_id as HTTP /reset
-        observation = await self.manager.reset(self.session, data)  # type: ignore[arg-type]
-        return observation_message_json(observation)
 
-    async def _state(self) -> str:
-        state = await self.manager.state(self.session)  # type: ignore[arg-type]
-        if state is None:
-            state = {}
-        elif not isinstance(state, (dict, pydantic.BaseModel)):
-            state = dict(state)
-        return '{"type":"state","data":' + dumps_json(state) + "}"
+def _state_data(state: Any) -> Any:
+    if state is None:
+        return {}
+    if not isinstance(state, (dict, pydantic.BaseModel)):
+        return dict(state)
+    return state
 
-    async def _mcp(self, message: Dict[str, Any]) -> str:
-        if not message.keys() <= WS_ENVELOPE_KEYS or not isinstance(message.get("data"), dict):
-            return _envelope_error(WSMCPMessage, message)
-        response = await self.context.mcp.answer(message["data"], self.session)  # type: ignore[arg-type]
-        self.session.touch()  # type: ignore[union-attr]
-        # Every frame gets a reply (the client waits for one): a notification's is an empty result.
-        return '{"type":"mcp","data":' + dumps_json((response or _EMPTY_RESULT).model_dump()) + "}"
+
+class MCPFrames(WSProtocol):
+    """``WS /mcp``: one JSON-RPC message per text frame (a notification gets no answer)."""
+
+    binary = dumps_json(BINARY_FRAME.model_dump())
+
+    def __init__(self, context: WSContext) -> None:
+        self.mcp = context.mcp
+
+    def refusal(self, exc: BaseException) -> str:
+        code = JsonRpcErrorCode.INVALID_REQUEST
+        return dumps_json(JsonRpcResponse.error_response(code, str(exc)).model_dump())
+
+    def open_refused(self, exc: BaseException) -> str:
+        return dumps_json(rpc_error(exc, None, "could not open an MCP session").model_dump())
+
+    async def reply(self, connection: WSConnection, text: str) -> Any:
+        session = connection.session
+        assert session is not None
+        seq = None
+        if session.resume is not None and resume.SEQ_KEY in text:
+            try:
+                message = parse_json(text)
+            except ValueError:
+                message = text  # (answered as a parse error below)
+            if isinstance(message, dict) and resume.SEQ_KEY in message:
+                seq = message.pop(resume.SEQ_KEY)
+            text = message
+        response = await self.mcp.answer(text, session, seq)
+        return None if response is None else dumps_json(response.model_dump())

@@ -56,11 +56,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import RedirectResponse, Response
 
 from .. import error_details as shown_errors
+from ..dispatch import Call, Op
 from ..exceptions import EnvironmentResultError, InvalidJsonError, SessionNotFoundError
-from ..mcp_types import CallToolAction, JsonRpcRequest, ListToolsAction
+from ..mcp_endpoint import rpc_error
 from ..middleware import http_error
 from ..serialization import deserialize_action, parse_json, serialize_observation, to_json_bytes, to_jsonable
-from ..sessions import Session, SessionKind
+from ..sessions import Session
 from ..types import ResetRequest, StepRequest
 from .shared import WebInterfaceManager
 
@@ -90,7 +91,6 @@ _PAGE_HEADERS = {
     "cache-control": "no-cache",
 }
 _RESET_OWN = ("seed", "episode_id")
-_MCP_ACTIONS = (CallToolAction, ListToolsAction)
 _JSON_TYPES = {"int": "integer", "float": "number", "bool": "boolean", "str": "string"}
 _SIMPLE_ANNOTATION = re.compile(r"(?:Optional\[)?(int|float|bool|str)\]?(?:\s*\|\s*None)?")
 """``int``, ``Optional[int]``, ``int | None`` (and so for float, bool, str); anything else is JSON."""
@@ -159,6 +159,7 @@ class Playground:
 
     def __init__(self, server: Any) -> None:  # an HTTPEnvServer (a layer above this module)
         self.server = server
+        self.dispatcher = server.dispatcher
         self.manager = server.manager
         self._about: Optional[Dict[str, Any]] = None
         self.custom: Optional[Dict[str, Any]] = None
@@ -200,31 +201,28 @@ class Playground:
             return http_error(exc)
 
     async def _describe(self) -> Dict[str, Any]:
-        server = self.server
-        metadata = await server._metadata_of_env()
-        cls = self.manager.env_cls
-        if cls is None:  # a factory function: build one to see what it builds
-            async with self.manager.temporary() as session:
-                cls = type(session.env)
+        dispatcher = self.dispatcher
+        metadata = await dispatcher.metadata()
+        cls = await dispatcher.env_class()
         from ..mcp_environment import MCPEnvironment
 
         return {
-            "env_name": server.env_name,
+            "env_name": dispatcher.env_name,
             "metadata": metadata.model_dump(),
             "readme": metadata.readme_content or find_readme(cls),
-            "schema": server.schema(),
-            "mcp": issubclass(cls, MCPEnvironment) or server.action_cls in _MCP_ACTIONS,
+            "schema": dispatcher.schema(),
+            "mcp": issubclass(cls, MCPEnvironment) or dispatcher.takes_mcp_actions,
             "reset": reset_arguments(cls),
             "max_sessions": self.manager.max_sessions,
         }
 
     # --- a visitor's session -------------------------------------------------------------------
 
-    def _session(self, request: Request) -> Session:
+    def _session_id(self, request: Request) -> str:
         session_id = request.headers.get(SESSION_HEADER)
         if not session_id:
             raise SessionNotFoundError("", "no session: the page sends X-OpenEnv-Session (reload the page)")
-        return self.manager.get(session_id)
+        return session_id
 
     async def open_session(self, request: Request) -> Response:
         # A JSON body only: a form or a plain-text post from another site's page (which needs no
@@ -232,70 +230,66 @@ class Playground:
         if not request.headers.get("content-type", "").startswith("application/json"):
             detail = "send the request as JSON (Content-Type: application/json)"
             return _json({"detail": detail, "code": "VALIDATION_ERROR"}, status=415)
+        dispatcher = self.dispatcher
         try:
-            session = await self.manager.create(SessionKind.DETACHED)
+            session: Session = await dispatcher.run(Call(Op.CREATE))
         except Exception as exc:
             return http_error(exc)
         reply: Dict[str, Any] = {"session_id": session.id, "idle_timeout_s": self.manager.session_timeout_s}
-        if (session.traits is not None and session.traits.mcp) or self.server.action_cls in _MCP_ACTIONS:
-            listing = await self.server.mcp.dispatch(
-                JsonRpcRequest(jsonrpc="2.0", method="tools/list", id=1), session=session
-            )
-            if listing is not None and listing.error is None:
-                reply["tools"] = to_jsonable(listing.result.get("tools", []))
-            elif listing is not None:
-                reply["tools_error"] = listing.error.message
+        if dispatcher.takes_tools(session):
+            try:
+                reply["tools"] = to_jsonable(await dispatcher.run(Call(Op.LIST_TOOLS, None, session.id)))
+            except Exception as exc:  # worded as the JSON-RPC error of tools/list would be
+                reply["tools_error"] = rpc_error(exc, None, "MCP request tools/list failed").error.message
         return _json(reply)
 
     async def close_session(self, request: Request) -> Response:
         try:
-            return _json(await self.manager.request_close(self._session(request).id))
+            return _json(await self.dispatcher.run(Call(Op.CLOSE, self._session_id(request))))
         except Exception as exc:
             return http_error(exc)
 
     async def reset(self, request: Request) -> Response:
         try:
-            session = self._session(request)
+            session_id = self._session_id(request)
             kwargs = await _body(request)
             ResetRequest.model_validate(kwargs)  # the bounds of HTTP /reset on seed and episode_id
-            observation = await self.manager.reset(session, kwargs)
-            return _json(await self._view(session, observation))
+            observation = await self.dispatcher.run(Call(Op.RESET, kwargs, session_id))
+            return _json(await self._view(session_id, observation))
         except Exception as exc:
             return http_error(exc)
 
     async def step(self, request: Request) -> Response:
         try:
-            session = self._session(request)
+            session_id = self._session_id(request)
             body = StepRequest.model_validate(await _body(request))  # as HTTP /step: {"action": {...}}
-            action = deserialize_action(body.action, self.server.action_cls)
-            observation = await self.manager.step(session, action)
-            return _json(await self._view(session, observation))
+            action = deserialize_action(body.action, self.dispatcher.action_cls)
+            observation = await self.dispatcher.run(Call(Op.STEP, (action, None), session_id))
+            return _json(await self._view(session_id, observation))
         except Exception as exc:
             return http_error(exc)
 
     async def state(self, request: Request) -> Response:
         try:
-            return _json(to_jsonable(await self.manager.state(self._session(request))))
+            return _json(to_jsonable(await self.dispatcher.run(Call(Op.STATE, None, self._session_id(request)))))
         except Exception as exc:
             return http_error(exc)
 
-    async def _view(self, session: Session, observation: Any) -> Dict[str, Any]:
+    async def _view(self, session_id: str, observation: Any) -> Dict[str, Any]:
         """The observation's payload, the environment's web hooks on it, and the state."""
         payload = to_jsonable(serialize_observation(observation))
         seen = {**payload["observation"], "reward": payload["reward"], "done": payload["done"]}
-        cls = type(session.env)
-        render, offer = _hook(cls, "render_web"), _hook(cls, "web_actions")
 
         def extras(env: Any) -> Tuple[Any, Any, Any]:
+            cls = type(env)
             html = actions = None
-            if render:
+            if _hook(cls, "render_web"):
                 html = _guarded(lambda: env.render_web(seen))
-            if offer:
+            if _hook(cls, "web_actions"):
                 actions = _guarded(lambda: env.web_actions(seen))
             return html, actions, env.state
 
-        on_loop = session.traits is not None and session.traits.on_loop
-        html, actions, state = await self.manager.call(session, "web view", extras, inline=on_loop)
+        html, actions, state = await self.dispatcher.run(Call(Op.VIEW, extras, session_id))
         payload["state"] = to_jsonable(state)
         payload["html"] = _checked(html, "render_web", _html)
         payload["actions"] = _checked(actions, "web_actions", _actions)

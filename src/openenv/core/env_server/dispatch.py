@@ -1,0 +1,281 @@
+"""One dispatch: every call on an environment, from any transport, goes through :class:`Dispatcher`.
+
+A transport is a codec around it. It decodes what arrived into a :class:`Call` (an operation, the
+session the call names, its sequence number, its payload), hands it to :meth:`Dispatcher.run`
+with the session its connection owns if it has one, and encodes what comes back, or renders the
+exception raised by its one renderer of the error table (:mod:`.exceptions`). The transports are
+``/ws`` and ``WS /mcp`` (:mod:`.ws_endpoint`), HTTP ``/reset``, ``/step``, ``/state`` and the Task
+API (:mod:`.http_server`), JSON-RPC over ``POST /mcp`` and inside ``/ws`` frames
+(:mod:`.mcp_endpoint`), and the web playground (:mod:`.web`). The dispatcher alone decides:
+
+* **which session** a call runs on: the connection's own (``own``); else the one it names by id,
+  which finds only sessions made to be shared so (:meth:`.sessions.SessionManager.get`); else,
+  for an operation on an environment, a throw-away one (a stateless HTTP call);
+* **numbered calls**: a call that carries a sequence number is answered once; sent again, it gets
+  the recorded answer (:meth:`.resume.Resume.once`), on every transport alike;
+* **MCP**: whether the environment answers tools itself (an ``MCPEnvironment``) or takes MCP
+  actions as steps;
+* the Task API, the environment's metadata and the JSON schemas.
+
+What a transport still owns is what belongs to its wire: framing and parsing, which of its
+headers or keys carries the session and the number, noticing a client that leaves, and the shape
+of its answers and errors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any, Awaitable, Callable, Dict, Optional, Tuple, Type
+
+import pydantic
+
+from .exceptions import SESSION_CONFLICT, EnvironmentCallError, NoMCPError, OpenEnvError, TaskRefusedError
+from .mcp_types import CallToolAction, ListToolsAction, ListToolsObservation, ToolCallFailed
+from .resume import Resume
+from .serialization import to_jsonable
+from .sessions import Session, SessionKind, SessionManager
+from .types import Action, EnvironmentMetadata, Observation, SchemaResponse, State
+
+MCP_ACTION_CLASSES = (CallToolAction, ListToolsAction)
+
+
+class Op:
+    """The operations a :class:`Call` names."""
+
+    RESET = "reset"  # payload: the reset keywords (dict)
+    STEP = "step"  # payload: (action, extra keywords of step)
+    STATE = "state"
+    LIST_TOOLS = "tools/list"  # answers the tools' MCP listings
+    CALL_TOOL = "tools/call"  # payload: (name, arguments); answers a :class:`ToolResult`
+    CREATE = "session/create"  # payload: a client's create key (or None); answers the Session
+    CLOSE = "session/close"  # payload: the id of the session to close
+    METADATA = "metadata"
+    TASK = "task"  # payload: (environment name, method, arguments)
+    VIEW = "view"  # payload: a callable of the environment, run under its session's lock
+
+
+_ON_ENVIRONMENT = frozenset({Op.RESET, Op.STEP, Op.STATE, Op.LIST_TOOLS, Op.CALL_TOOL, Op.VIEW})
+"""Operations that run on a session's environment (a throw-away one when the call names none)."""
+
+
+@dataclasses.dataclass(slots=True)
+class Call:
+    """One decoded call: the operation, its payload, the session it names by id (None: the
+    connection's own, or none), and its sequence number (None: not numbered)."""
+
+    op: str
+    payload: Any = None
+    session_id: Optional[str] = None
+    seq: Any = None
+
+
+@dataclasses.dataclass(slots=True)
+class ToolResult:
+    """What ``tools/call`` gave: ``value`` is the tool result's payload (an ``MCPEnvironment``'s,
+    with both key styles) or, for an environment that takes MCP actions, its observation dumped
+    (``observation`` True)."""
+
+    value: Dict[str, Any]
+    observation: bool = False
+
+
+class Dispatcher:
+    """Runs :class:`Call` s against one :class:`SessionManager`'s sessions (see the module docstring)."""
+
+    def __init__(
+        self,
+        manager: SessionManager,
+        *,
+        env_name: str,
+        action_cls: Type[Action],
+        observation_cls: Type[Observation],
+        state_cls: Type[State],
+        reset_observation_cls: Type[Observation],
+    ) -> None:
+        self.manager = manager
+        self.env_name = env_name
+        self.action_cls = action_cls
+        self.observation_cls = observation_cls
+        self.state_cls = state_cls
+        self.reset_observation_cls = reset_observation_cls
+        self.takes_mcp_actions = action_cls in MCP_ACTION_CLASSES
+        """The environment's actions are MCP actions (it may be no ``MCPEnvironment`` itself)."""
+        self._metadata: Optional[EnvironmentMetadata] = None
+        self._schema: Optional[Dict[str, Any]] = None
+        self._ops: Dict[str, Callable[[Optional[Session], Any], Awaitable[Any]]] = {
+            Op.RESET: self._reset,
+            Op.STEP: self._step,
+            Op.STATE: self._state,
+            Op.LIST_TOOLS: self._list_tools,
+            Op.CALL_TOOL: self._call_tool,
+            Op.VIEW: self._view,
+        }
+
+    # --- the one entry -------------------------------------------------------------------------
+
+    async def run(self, call: Call, own: Optional[Session] = None) -> Any:
+        """The answer to ``call``; ``own`` is the session of the connection it came through."""
+        op = call.op
+        if op not in _ON_ENVIRONMENT:
+            return await self._session_op(call, own)
+        run = self._ops[op]
+        session = own if own is not None else self.session_named(call.session_id) if call.session_id else None
+        if session is None:
+            async with self.manager.temporary() as temporary:
+                return await run(temporary, call.payload)
+        if call.seq is None:
+            return await run(session, call.payload)
+        record = session.resume
+        if record is None:  # numbered calls on a session made without one (HTTP's X-OpenEnv-Seq)
+            record = session.resume = Resume(session_id=session.id)
+        return await record.once(call.seq, lambda: run(session, call.payload))
+
+    def session_named(self, session_id: str) -> Session:
+        """The session a call names by id (:meth:`.sessions.SessionManager.get`: never another
+        connection's own)."""
+        return self.manager.get(str(session_id))
+
+    def takes_tools(self, session: Session) -> bool:
+        """The session's environment answers ``tools/list`` and ``tools/call``."""
+        return (session.traits is not None and session.traits.mcp) or self.takes_mcp_actions
+
+    # --- operations that touch no environment ----------------------------------------------
+
+    async def _session_op(self, call: Call, own: Optional[Session]) -> Any:
+        op = call.op
+        if op == Op.CREATE:
+            if own is not None:  # a connection's own session is the one it creates
+                return own
+            if call.payload:
+                return await self.manager.create_once(call.payload)
+            return await self.manager.create(SessionKind.DETACHED)
+        if op == Op.CLOSE:
+            if own is not None and call.payload == own.id:
+                raise CloseOwnSessionError()
+            return await self.manager.request_close(str(call.payload))
+        if op == Op.METADATA:
+            return await self.metadata()
+        if op == Op.TASK:
+            return await self._task(*call.payload)
+        raise ValueError(f"unknown operation {op!r}")
+
+    def schema(self) -> Dict[str, Any]:
+        """The JSON schemas of the action, observation, state and reset observation."""
+        if self._schema is None:
+            self._schema = SchemaResponse(
+                action=self.action_cls.model_json_schema(),
+                observation=self.observation_cls.model_json_schema(),
+                state=self.state_cls.model_json_schema(),
+                reset_observation=self.reset_observation_cls.model_json_schema(),
+            ).model_dump()
+        return self._schema
+
+    async def env_class(self) -> type:
+        """The class the factory builds (when the factory is a function, one is built to see)."""
+        if self.manager.env_cls is not None:
+            return self.manager.env_cls
+        async with self.manager.temporary() as session:
+            return type(session.env)
+
+    async def metadata(self) -> EnvironmentMetadata:
+        """The environment's ``get_metadata()`` (asked of a throw-away instance, once)."""
+        if self._metadata is None:
+            async with self.manager.temporary() as session:
+                metadata = await self.manager.call(session, "get_metadata", lambda env: env.get_metadata())
+            # an EnvironmentMetadata, or a dict of its fields (upstream's response model takes both)
+            if not isinstance(metadata, EnvironmentMetadata):
+                try:
+                    metadata = EnvironmentMetadata.model_validate(to_jsonable(metadata))
+                except pydantic.ValidationError as exc:  # the environment's fault, not the client's
+                    raise EnvironmentCallError(exc) from exc
+            self._metadata = metadata
+        return self._metadata
+
+    async def _task(self, env_name: str, method: str, args: Tuple[Any, ...]) -> Any:
+        """A Task API ``method`` of a throw-away environment (:class:`TaskRefusedError` when this
+        server has no such environment, the environment no such method, or no such task)."""
+        if env_name.lower() != self.env_name.lower():
+            raise TaskRefusedError(404, f"unknown environment '{env_name}'")
+        unsupported = TaskRefusedError(501, f"{method} is not supported for this environment")
+
+        def invoke(env: Any) -> Any:
+            return getattr(env, method)(*args)
+
+        async with self.manager.temporary() as session:
+            fn = getattr(session.env, method, None)
+            if fn is None:
+                raise unsupported
+            sync_fn, async_fn = (None, invoke) if inspect.iscoroutinefunction(fn) else (invoke, None)
+            try:
+                return await self.manager.call(session, method, sync_fn, async_fn)
+            except NotImplementedError:
+                raise unsupported from None
+            except IndexError:
+                raise TaskRefusedError(400, "Invalid task index") from None
+
+    # --- operations on an environment -------------------------------------------------------
+
+    def _reset(self, session: Session, kwargs: Dict[str, Any]) -> Awaitable[Observation]:
+        return self.manager.reset(session, kwargs)
+
+    def _step(self, session: Session, payload: Tuple[Any, Optional[Dict[str, Any]]]) -> Awaitable[Observation]:
+        return self.manager.step(session, *payload)
+
+    def _state(self, session: Session, _: Any) -> Awaitable[Any]:
+        return self.manager.state(session)
+
+    def _view(self, session: Session, look: Callable[[Any], Any]) -> Awaitable[Any]:
+        on_loop = session.traits is not None and session.traits.on_loop
+        return self.manager.call(session, "web view", look, inline=on_loop)
+
+    async def _list_tools(self, session: Session, _: Any) -> list:
+        assert session.traits is not None
+        if session.traits.mcp:
+            tools = await self.manager.call(session, "tools/list", None, lambda env: env.fastmcp_tools())
+            return [_tool_listing(tool) for tool in tools]
+        observation = await self._step_mcp_action(session, ListToolsAction())
+        if not isinstance(observation, ListToolsObservation):
+            raise NoMCPError("Environment answered tools/list without a ListToolsObservation")
+        return [{**tool.model_dump(), "inputSchema": tool.input_schema} for tool in observation.tools]
+
+    async def _call_tool(self, session: Session, payload: Tuple[str, Dict[str, Any]]) -> ToolResult:
+        name, arguments = payload
+        assert session.traits is not None
+        if not session.traits.mcp:
+            observation = await self._step_mcp_action(session, CallToolAction(tool_name=name, arguments=arguments))
+            return ToolResult(observation.model_dump(mode="json"), observation=True)
+        try:
+            result = await self.manager.call(
+                session, "tools/call", None, lambda env: env.call_tool_payload(name, arguments), step=True
+            )
+        except ToolCallFailed:
+            session.touch(step=True)  # a failed call is a step too
+            raise
+        return ToolResult({**result, "structuredContent": result["structured_content"], "isError": result["is_error"]})
+
+    async def _step_mcp_action(self, session: Session, action: Action) -> Observation:
+        """The answer of an environment that is no MCPEnvironment but takes MCP actions."""
+        if not self.takes_mcp_actions:
+            raise NoMCPError("Environment does not support MCP")
+        return await self.manager.step(session, action)
+
+
+class CloseOwnSessionError(OpenEnvError):
+    """``openenv/session/close`` of the session of the connection it came through."""
+
+    kind = SESSION_CONFLICT
+
+    def __init__(self) -> None:
+        super().__init__("Cannot close the session of this connection; close the connection instead")
+
+
+def _tool_listing(tool: Any) -> Dict[str, Any]:
+    """A tools/list entry: the MCP ``Tool`` with its wire names (``inputSchema``, ``_meta``) and
+    its empty fields as null, plus ``meta``, so that it carries every key upstream sends
+    (name, title, description, inputSchema, outputSchema, icons, annotations, meta, execution)."""
+    entry = tool.to_mcp_tool().model_dump(mode="json", by_alias=True)
+    entry.setdefault("meta", entry.get("_meta"))
+    for key in ("title", "description", "outputSchema", "icons", "annotations", "execution"):
+        entry.setdefault(key, None)
+    return entry
