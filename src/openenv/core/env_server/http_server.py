@@ -170,7 +170,7 @@ class HTTPEnvServer(UpstreamServerNames):
             reset_observation_cls=self.reset_observation_cls,
         )
         """Where every transport's calls go (:mod:`.dispatch`)."""
-        self.mcp = MCPProtocol(self.dispatcher, self.env_name, max_message_chars=max_chars)
+        self.mcp = MCPProtocol(self.dispatcher, self.env_name)
         self.ws_context = WSContext(self.dispatcher, max_chars, self.mcp)
         """What the WebSocket routes get of this server."""
 

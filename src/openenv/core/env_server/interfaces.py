@@ -144,6 +144,11 @@ class Environment(ABC, Generic[ActT, ObsT, StateT]):
     """True to have ``_apply_rubric`` put the rubric's named part scores (a reward vector) in the
     observation's ``metadata["reward_components"]``, as ``{"dotted.name": score}``."""
 
+    ANSWERS_MCP: bool = False
+    """True for an environment that answers MCP's ``tools/list`` and ``tools/call`` itself
+    (``fastmcp_tools``, ``call_tool_payload``): :class:`~.mcp_environment.MCPEnvironment` sets it.
+    The server runs such an environment's MCP actions on its event loop."""
+
     host: EnvironmentHost = OUTSIDE_A_SERVER
     """The server this instance runs in: its mode and worker pool (:class:`EnvironmentHost`). The
     server sets it on each instance it builds, before the first call; an instance used on its

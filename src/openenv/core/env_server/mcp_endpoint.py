@@ -74,14 +74,11 @@ def rpc_error(exc: BaseException, request_id: Any = None, what: str = "MCP reque
     return JsonRpcResponse.error_response(kind.rpc_code, shown_errors.describe(exc, logger, what), None, request_id)
 
 
-def parse_request(message: Any, max_chars: int) -> Union[JsonRpcRequest, JsonRpcResponse]:
+def parse_request(message: Any) -> Union[JsonRpcRequest, JsonRpcResponse]:
     """The JSON-RPC request in ``message`` (a frame's text, a body's bytes, or JSON already
-    parsed), or the error response saying why there is none."""
+    parsed), or the error response saying why there is none. Its size was bounded where it came
+    in (the body limits, the socket's frame limit)."""
     if isinstance(message, (str, bytes)):
-        if len(message) > max_chars:
-            return JsonRpcResponse.error_response(
-                JsonRpcErrorCode.INVALID_REQUEST, f"Message exceeds the server's limit of {max_chars} bytes"
-            )
         try:
             message = parse_json(message)
         except ValueError as exc:
@@ -107,10 +104,9 @@ def _rpc_reply(response: JsonRpcResponse, status: int = 200, headers: Optional[D
 class MCPProtocol:
     """MCP's JSON-RPC around the :class:`~.dispatch.Dispatcher`: requests in, responses out."""
 
-    def __init__(self, dispatcher: Dispatcher, server_name: str, max_message_chars: int) -> None:
+    def __init__(self, dispatcher: Dispatcher, server_name: str) -> None:
         self.dispatcher = dispatcher
         self.manager = dispatcher.manager
-        self.max_message_chars = max_message_chars
         self.server_name = server_name
 
     async def respond(
@@ -137,7 +133,7 @@ class MCPProtocol:
     async def answer(self, message: Any, session: Session, seq: Any = None) -> Optional[JsonRpcResponse]:
         """The response to one JSON-RPC message (a frame's text, or the ``data`` of a ``/ws``
         frame) that came through the socket owning ``session``; None for a notification."""
-        request = parse_request(message, self.max_message_chars)
+        request = parse_request(message)
         if isinstance(request, JsonRpcResponse):
             return request
         return await self.respond(request, own=session, seq=seq)
@@ -147,7 +143,7 @@ class MCPProtocol:
     async def serve_http(self, request: Request) -> Response:
         """``POST /mcp``: one request; an MCP client's session travels in ``Mcp-Session-Id``
         (made by ``initialize``), an OpenEnv client's in ``params.session_id`` (or none)."""
-        rpc = parse_request(await request.body(), self.max_message_chars)
+        rpc = parse_request(await request.body())
         if isinstance(rpc, JsonRpcResponse):
             return _rpc_reply(rpc)
         header_session = request.headers.get("mcp-session-id")

@@ -195,6 +195,8 @@ class MCPEnvironment(Environment):
     (see :meth:`_after_mcp_action`).
     """
 
+    ANSWERS_MCP = True
+
     def __init__(self, mcp_server: FastMCP, transform: Optional[Transform] = None) -> None:
         """``mcp_server`` holds the tools (none may have a reserved name: ``ValueError``);
         ``transform`` is applied to each MCP action's observation. As upstream's, the constructor

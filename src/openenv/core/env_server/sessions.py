@@ -35,7 +35,6 @@ import functools
 import inspect
 import logging
 import operator
-import sys
 import time
 import uuid
 from collections import OrderedDict
@@ -176,20 +175,25 @@ class EnvTraits:
     def __init__(self, cls: type) -> None:
         from .interfaces import Environment
 
-        mcp_module = sys.modules.get(__package__ + ".mcp_environment")
-        mcp_cls = getattr(mcp_module, "MCPEnvironment", None)
-        self.mcp = mcp_cls is not None and issubclass(cls, mcp_cls)
+        self.mcp = bool(getattr(cls, "ANSWERS_MCP", False))
+        """It answers tools/list and tools/call itself (an MCPEnvironment)."""
         self.on_loop = bool(getattr(cls, "RUNS_ON_EVENT_LOOP", False))
         """The sync reset/step/state are called on the event loop (the class opted in)."""
         self.async_reset = _overrides(cls, "reset_async", Environment)
         if self.mcp:  # MCP actions always run on the loop; others where _step_impl runs
-            self.async_step = _overrides(cls, "step_async", mcp_cls) or inspect.iscoroutinefunction(
+            mcp_base = next(k for k in reversed(cls.__mro__) if vars(k).get("ANSWERS_MCP"))  # (MCPEnvironment)
+            self.async_step = _overrides(cls, "step_async", mcp_base) or inspect.iscoroutinefunction(
                 getattr(cls, "_step_impl", None)
             )
         else:
             self.async_step = _overrides(cls, "step_async", Environment)
         self.reset_kwargs = _accepted_kwargs(getattr(cls, "reset_async" if self.async_reset else "reset"), 1)
         self.step_kwargs = _accepted_kwargs(getattr(cls, "step_async" if self.async_step else "step"), 2)
+
+    def steps_on_loop(self, action: Any) -> bool:
+        """``action`` is stepped with ``step_async`` on the event loop: the class's step is async,
+        or it is an MCP action of an environment that answers MCP itself."""
+        return self.async_step or (self.mcp and getattr(action, "type", None) in MCP_ACTIONS)
 
     @staticmethod
     def filter(
@@ -642,8 +646,7 @@ class SessionManager:
         assert traits is not None
         if kwargs:
             kwargs = traits.filter(kwargs, traits.step_kwargs, _STEP_POSITIONAL)
-        # On the loop: an async ``step_async``, or an MCP action of an MCP environment.
-        if traits.async_step or (traits.mcp and getattr(action, "type", None) in MCP_ACTIONS):
+        if traits.steps_on_loop(action):
             if kwargs:
                 return self.call(session, "step", None, lambda env: env.step_async(action, **kwargs), step=True)
             return self.call(session, "step", None, lambda env: env.step_async(action), step=True)

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import resource
 import time
-from typing import Dict, Optional, Set, Tuple
+from typing import Optional, Set, Tuple
 
-from ...utils import is_loopback_ip, within
+from ...env_server.limits import ConnectionTable, ServerLimits, address_of, unavailable
+from ...utils import within
 
 logger = logging.getLogger(__name__)
 
@@ -39,40 +39,18 @@ _CHUNK = 256 * 1024
 DESCRIPTORS_KEPT = 128
 """Descriptors a forwarder leaves to the rest of its process (log files, pipes to the servers, its
 own queries to them); the others, two per connection, bound the connections it holds at once."""
-LOCAL = "local"
-"""The address this machine's clients share for the per-client caps (as in a server's)."""
-
-
-def _too_many(address: str, cap: int) -> bytes:
-    if address == LOCAL:
-        allows = f"{cap} from this machine, OPENENV_MAX_LOCAL_CONNECTIONS"
-    else:
-        allows = f"{cap} per client address, OPENENV_MAX_CONNECTIONS_PER_CLIENT"
-    return _unavailable(
-        f"too many connections from {address} (the server allows {allows}); close some and retry",
-        "TOO_MANY_CONNECTIONS",
-    )
 
 
 def _full(limit: int) -> bytes:
-    return _unavailable(
+    return unavailable(
         f"the server holds as many connections as its descriptors allow ({limit}; raise the hard limit of "
         "open files, ulimit -Hn, to hold more); retry shortly",
         "SERVER_BUSY",
     )
 
 
-def _unavailable(detail: str, code: str, retry_after_s: Optional[int] = None) -> bytes:
-    """A whole HTTP 503 answer, ``{"detail", "code"}``, after which the connection is closed."""
-    body = json.dumps({"detail": detail, "code": code}, separators=(",", ":")).encode()
-    head = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
-    if retry_after_s is not None:
-        head += b"retry-after: %d\r\n" % retry_after_s
-    return head + b"content-length: %d\r\n\r\n" % len(body) + body
-
-
-_STARTING = _unavailable("the environment server is starting; retry in a moment", "SERVER_BUSY", 1)
-_UNREACHABLE = _unavailable("the environment server is not available right now; retry shortly", "SERVER_BUSY", 1)
+_STARTING = unavailable("the environment server is starting; retry in a moment", "SERVER_BUSY", 1)
+_UNREACHABLE = unavailable("the environment server is not available right now; retry shortly", "SERVER_BUSY", 1)
 
 
 async def _refuse(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter, answer: bytes) -> None:
@@ -126,19 +104,21 @@ class TCPRelay:
         self.host = host
         self.port = port
         if max_per_client is None or max_local is None:
-            from ...env_server.limits import ServerLimits
-
             limits = ServerLimits.from_env()
             max_per_client = limits.max_connections_per_client if max_per_client is None else max_per_client
             max_local = limits.max_local_connections if max_local is None else max_local
-        self.max_per_client = max_per_client
-        self.max_local = max_local
+        self.table = ConnectionTable(max_per_client, max_local)
+        """Open connections per client address (the same table and refusal as a server's)."""
         self.cap_local = cap_local
-        self.open: Dict[str, int] = {}  # client address (or LOCAL) -> connections open
         self.connections = 0  # connections open, refused ones until they are closed too
         self.max_connections: Optional[int] = None  # set by start(), from the descriptors allowed
         self._server: Optional[asyncio.AbstractServer] = None
         self._tasks: Set[asyncio.Task] = set()
+
+    @property
+    def open(self) -> Dict[str, int]:
+        """Connections open per client address (or LOCAL): its :attr:`table`'s count."""
+        return self.table.open
 
     @property
     def address(self) -> Tuple[str, int]:
@@ -182,17 +162,11 @@ class TCPRelay:
                     client_writer.write(_full(self.max_connections))
                 client_writer.close()
                 return
-            peer = client_writer.get_extra_info("peername")
-            address = str(peer[0]) if isinstance(peer, tuple) and peer else ""
-            if not self.cap_local and (is_loopback_ip(address) or not address):
-                address, cap = LOCAL, self.max_local
-            else:
-                cap = self.max_per_client
-            if cap and self.open.get(address, 0) >= cap:
-                await _refuse(client_reader, client_writer, _too_many(address, cap))
+            address = address_of(client_writer.get_extra_info("peername"), self.cap_local)
+            if not self.table.admit(address):
+                await _refuse(client_reader, client_writer, self.table.refusal(address))
                 client_writer.close()
                 return
-            self.open[address] = self.open.get(address, 0) + 1
             self._tasks.add(task)
             try:
                 await self.relay(client_reader, client_writer)
@@ -201,11 +175,7 @@ class TCPRelay:
             finally:
                 client_writer.close()
                 self._tasks.discard(task)
-                left = self.open.get(address, 0) - 1
-                if left > 0:
-                    self.open[address] = left
-                else:
-                    self.open.pop(address, None)
+                self.table.leave(address)
         finally:
             self.connections -= 1
 

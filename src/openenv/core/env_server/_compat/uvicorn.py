@@ -62,14 +62,11 @@ to the next (a WebSocket's request lasts as long as the socket).
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextvars
-import json
 import logging
 import re
 import sys
-import time
-from typing import Any, Callable, Counter, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import uvicorn
 import websockets
@@ -80,9 +77,8 @@ try:
 except ImportError:  # a uvicorn without the sans-I/O protocol: tested() is False, nothing here is used
     WebSocketsSansIOProtocol = object  # type: ignore[assignment,misc]
 
-from ...utils import is_loopback_ip
 from ..exceptions import MessageTooLargeError, ServerBusyError
-from ..limits import BUDGET_EXEMPT_BYTES, InFlightBudget, ServerLimits
+from ..limits import BUDGET_EXEMPT_BYTES, ConnectionTable, InFlightBudget, ServerLimits, address_of
 from ..resume import STOPPING_CLOSE_CODE, STOPPING_REASON
 from ..serialization import error_frame_of
 from ..settings import library_internals_enabled
@@ -362,78 +358,10 @@ _CURRENT: contextvars.ContextVar[Optional[GuardedConnection]] = contextvars.Cont
     "openenv_connection", default=None
 )
 
-LOG_EVERY_S = 10.0
-"""Refusals are logged at most this often."""
-
-LOCAL = "local"
-"""The address that loopback and Unix-socket peers share."""
-
 
 def client_address(transport: Any) -> str:
-    """The address a connection counts against: its peer's IP, or :data:`LOCAL`."""
-    peer = transport.get_extra_info("peername")
-    if not isinstance(peer, tuple) or not peer or not peer[0]:
-        return LOCAL  # a Unix socket
-    host = str(peer[0])
-    return LOCAL if is_loopback_ip(host) else host
-
-
-def _refusal(address: str, cap: int) -> bytes:
-    body = json.dumps(
-        {
-            "detail": f"too many connections from {address} (the server allows {cap} per client address, "
-            "OPENENV_MAX_CONNECTIONS_PER_CLIENT); close some and retry",
-            "code": "TOO_MANY_CONNECTIONS",
-        }
-    ).encode()
-    return (
-        b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
-        b"content-length: %d\r\n\r\n" % len(body)
-    ) + body
-
-
-class ConnectionTable:
-    """The open connections of one server, per client address, and what the guards refused."""
-
-    def __init__(self, max_per_client: int, header_timeout_s: float, max_local: int = 0) -> None:
-        self.max_per_client = max_per_client
-        self.max_local = max_local
-        self.header_timeout_s = header_timeout_s
-        self.open: Counter[str] = collections.Counter()
-        self.refused = 0  # connections refused for the per-client cap
-        self.timed_out = 0  # connections closed for getting no request under way within the header timeout
-        self._logged_at = 0.0
-        self._logged_count = 0
-
-    def cap(self, address: str) -> int:
-        """The cap on ``address``'s open connections (0: none)."""
-        return self.max_local if address == LOCAL else self.max_per_client
-
-    def admit(self, address: str) -> bool:
-        """Count a new connection from ``address`` in, or refuse it (and log that, at most once
-        every :data:`LOG_EVERY_S`: an attacker must not flood the log)."""
-        cap = self.cap(address)
-        if not cap or self.open[address] < cap:
-            self.open[address] += 1
-            return True
-        self.refused += 1
-        now = time.monotonic()
-        if now - self._logged_at >= LOG_EVERY_S:
-            logger.warning(
-                "refused %d connection(s) since the last report: the cap of %d per client address "
-                "(OPENENV_MAX_CONNECTIONS_PER_CLIENT, OPENENV_MAX_LOCAL_CONNECTIONS for this machine) "
-                "was reached, last by %s",
-                self.refused - self._logged_count,
-                cap,
-                address,
-            )
-            self._logged_at, self._logged_count = now, self.refused
-        return False
-
-    def leave(self, address: str) -> None:
-        self.open[address] -= 1
-        if self.open[address] <= 0:
-            del self.open[address]
+    """The address a connection counts against: its peer's IP, or :data:`~..limits.LOCAL`."""
+    return address_of(transport.get_extra_info("peername"))
 
 
 class GuardedConnection(asyncio.Protocol):
@@ -487,7 +415,7 @@ class GuardedConnection(asyncio.Protocol):
         address = client_address(transport)
         if not self.table.admit(address):
             self.inner = asyncio.Protocol()  # one that does nothing, for the refused connection
-            transport.write(_refusal(address, self.table.cap(address)))
+            transport.write(self.table.refusal(address))
             transport.close()
             return
         self.address = address
@@ -596,9 +524,7 @@ def protect(config: Any, limits: ServerLimits, budget: Optional[InFlightBudget],
     wanted = limits.header_timeout_s or limits.max_connections_per_client or limits.max_local_connections
     if wanted:
         if guard_tested() and not getattr(config, "reset_contextvars", False) and not getattr(config, "http2", False):
-            table = ConnectionTable(
-                limits.max_connections_per_client, limits.header_timeout_s, limits.max_local_connections
-            )
+            table = ConnectionTable.of(limits)
             config.http_protocol_class = guard_http(config.http_protocol_class, table)
             config.loaded_app = GuardedApp(config.loaded_app)
         else:

@@ -204,14 +204,12 @@ class Playground:
         dispatcher = self.dispatcher
         metadata = await dispatcher.metadata()
         cls = await dispatcher.env_class()
-        from ..mcp_environment import MCPEnvironment
-
         return {
             "env_name": dispatcher.env_name,
             "metadata": metadata.model_dump(),
             "readme": metadata.readme_content or find_readme(cls),
             "schema": dispatcher.schema(),
-            "mcp": issubclass(cls, MCPEnvironment) or dispatcher.takes_mcp_actions,
+            "mcp": bool(getattr(cls, "ANSWERS_MCP", False)) or dispatcher.takes_mcp_actions,
             "reset": reset_arguments(cls),
             "max_sessions": self.manager.max_sessions,
         }

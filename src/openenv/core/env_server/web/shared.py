@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Type
 from pydantic import BaseModel, Field
 
 from ..serialization import deserialize_action_with_preprocessing, serialize_observation, to_jsonable
-from ..sessions import MCP_ACTIONS, env_traits
+from ..sessions import env_traits
 from ..types import Action, EnvironmentMetadata, Observation
 from ..workers import WorkerPool
 from .describe import load_environment_metadata
@@ -137,9 +137,8 @@ class WebInterfaceManager:
         ``pydantic.ValidationError``; the environment's own errors propagate."""
         action = deserialize_action_with_preprocessing(action_data, self.action_cls)
         traits = self._traits
-        on_loop = traits.async_step or (traits.mcp and getattr(action, "type", None) in MCP_ACTIONS)
         async with self._serialised():
-            if on_loop:
+            if traits.steps_on_loop(action):
                 observation = await self.env.step_async(action)
             else:
                 observation = await self._run_sync_in_thread_pool(self.env.step, action)
