@@ -25,7 +25,7 @@ except ImportError as exc:  # the optional extra is not installed
     ) from exc
 import pydantic
 
-from . import error_details as shown_errors
+from . import error_details
 from .types import EnvironmentMetadata
 from .web.describe import _resolved, get_gradio_display_title
 
@@ -88,7 +88,7 @@ def _failure(exc: Exception) -> str:
         return "Invalid action: " + "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or 'action'}: {e['msg']}" for e in exc.errors()
         )
-    return shown_errors.describe(exc, logger, "the Gradio playground's call failed")
+    return error_details.describe(exc, logger, "the Gradio playground's call failed")
 
 
 def _status(payload: Dict[str, Any]) -> str:

@@ -59,7 +59,7 @@ from .types import (
     StepRequest,
     StepResponse,
 )
-from .ws_endpoint import WSContext, WSRoute
+from .ws_endpoint import WebSocketRoutes, WSContext
 
 logger = logging.getLogger("openenv.server")
 
@@ -276,7 +276,7 @@ class HTTPEnvServer(UpstreamServerNames):
         )
         app.add_api_route("/mcp", mcp.refuse_http_get, methods=["GET"], include_in_schema=False)
         app.add_api_route("/mcp", mcp.close_http, methods=["DELETE"], include_in_schema=False)
-        # (WS /mcp and /ws are served by WSRoute, ahead of the routes)
+        # (WS /mcp and /ws are served by WebSocketRoutes, ahead of the routes)
         self._register_task_routes(app)
         open_paths = auth.OPEN_PATHS
         if self.settings.web:
@@ -287,7 +287,7 @@ class HTTPEnvServer(UpstreamServerNames):
         app.add_exception_handler(RequestValidationError, _request_validation_error)  # type: ignore[arg-type]
         # The edges (see .middleware), innermost first: Starlette wraps each added one around the previous.
         app.add_middleware(BodyLimits, limit=self.settings.limits.max_message_bytes, budget=self.budget)
-        app.add_middleware(WSRoute, context=self.ws_context, routes=app.router.routes)
+        app.add_middleware(WebSocketRoutes, context=self.ws_context, routes=app.router.routes)
         if self.auth_token is not None:
             app.add_middleware(BearerAuth, token=self.auth_token, open_paths=open_paths)
         app.add_middleware(SameOrigin, allowed=self.settings.allowed_origins, hosts=self.settings.allowed_hosts)

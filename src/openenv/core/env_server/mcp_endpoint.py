@@ -26,8 +26,7 @@ import pydantic
 from starlette.requests import Request
 from starlette.responses import Response
 
-from . import error_details as shown_errors
-from . import resume
+from . import error_details, resume
 from .dispatch import Call, Dispatcher, Op
 from .exceptions import EXECUTION, OpenEnvError, SessionNotFoundError, kind_of
 from .mcp_types import (
@@ -71,7 +70,7 @@ def rpc_error(exc: BaseException, request_id: Any = None, what: str = "MCP reque
         details = exc.details()
         data = {"code": kind.ws_code, **details} if details else None  # upstream sends no data
         return JsonRpcResponse.error_response(kind.rpc_code, exc.text, data, request_id)
-    return JsonRpcResponse.error_response(kind.rpc_code, shown_errors.describe(exc, logger, what), None, request_id)
+    return JsonRpcResponse.error_response(kind.rpc_code, error_details.describe(exc, logger, what), None, request_id)
 
 
 def parse_request(message: Any) -> Union[JsonRpcRequest, JsonRpcResponse]:

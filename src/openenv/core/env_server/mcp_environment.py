@@ -36,7 +36,7 @@ except ImportError as exc:  # the base install has no FastMCP: say which extra b
     ) from exc
 
 from ..utils import run_async_safely, timeout_after
-from . import error_details as shown_errors
+from . import error_details
 from ._compat.fastmcp import (
     CallToolResult,
     DirectTool,
@@ -515,7 +515,7 @@ class MCPEnvironment(Environment):
             try:
                 observation: Observation = ListToolsObservation(tools=await self.list_tools_async())
             except Exception as exc:
-                error = shown_errors.describe(exc, logger, "listing MCP tools failed")
+                error = error_details.describe(exc, logger, "listing MCP tools failed")
                 observation = ListToolsObservation(
                     tools=[], metadata={"error": error, "error_type": "list_tools_failed"}
                 )

@@ -2,7 +2,7 @@
 
 From the outside in (see :meth:`.http_server.HTTPEnvServer.register_routes`): :class:`TransportLimits`
 (the runner's limits on a server started otherwise), :class:`ErrorDetailsScope`
-(:mod:`.error_details`), :class:`SameOrigin` (other sites' pages), :class:`BearerAuth` (:mod:`.auth`), :class:`.ws_endpoint.WSRoute` (which
+(:mod:`.error_details`), :class:`SameOrigin` (other sites' pages), :class:`BearerAuth` (:mod:`.auth`), :class:`.ws_endpoint.WebSocketRoutes` (which
 serves ``/ws`` itself) and :class:`BodyLimits`, which bounds HTTP request bodies before any route
 reads them. Each answers what it refuses by the error table of :mod:`.exceptions` (JSON-RPC errors on
 ``/mcp``, ``{"detail", "code"}`` elsewhere) and passes everything else through untouched.
@@ -17,8 +17,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from starlette.responses import JSONResponse, Response
 
-from . import auth
-from . import error_details as shown_errors
+from . import auth, error_details
 from ._compat import uvicorn as uvicorn_compat
 from .exceptions import (
     EXECUTION,
@@ -60,11 +59,11 @@ class ErrorDetailsScope:
         if scope["type"] == "lifespan":
             await self.app(scope, receive, send)
             return
-        token = shown_errors.enter(scope, self.choice)
+        token = error_details.enter(scope, self.choice)
         try:
             await self.app(scope, receive, send)
         finally:
-            shown_errors.leave(token)
+            error_details.leave(token)
 
 
 class TransportLimits:
@@ -305,7 +304,7 @@ def http_error(exc: BaseException) -> Response:
     if isinstance(exc, OpenEnvError) and kind is not EXECUTION:
         detail = exc.text
     else:
-        detail = shown_errors.describe(exc, logger, "environment call failed")
+        detail = error_details.describe(exc, logger, "environment call failed")
     return JSONResponse({"detail": detail, "code": kind.ws_code}, status_code=kind.http_status)
 
 

@@ -155,7 +155,7 @@ CAP_SPENT = (
 )
 
 
-def asked(headers: Any) -> Tuple[bool, Optional[Tuple[str, str]]]:
+def handshake_asks(headers: Any) -> Tuple[bool, Optional[Tuple[str, str]]]:
     """What a handshake's ASGI ``headers`` ask: ``(opt_in, (session_id, token) or None)``."""
     wanted: Dict[bytes, str] = {}
     for name, value in headers:
@@ -167,7 +167,7 @@ def asked(headers: Any) -> Tuple[bool, Optional[Tuple[str, str]]]:
     return wanted.get(b"x-openenv-resume") == "1" or target is not None, target
 
 
-def granted(record: Resume) -> list:
+def handshake_grant(record: Resume) -> list:
     """The handshake answer's headers that make a connection resumable."""
     return [(SESSION_HEADER.encode(), record.session_id.encode()), (TOKEN_HEADER.encode(), record.token.encode())]
 

@@ -13,7 +13,7 @@ from typing import Any, Dict, Type, Union
 
 import pydantic_core
 
-from . import error_details as shown_errors
+from . import error_details
 from .exceptions import EXECUTION, VALIDATION, OpenEnvError, kind_of
 from .mcp_types import CallToolAction, ListToolsAction
 from .types import Action, Observation, WSErrorCode
@@ -139,8 +139,8 @@ def error_frame_of(exc: BaseException, what: str, fallback: WSErrorCode = WSErro
         return error_frame(WSErrorCode.VALIDATION_ERROR, "Invalid message", errors=errors)
     if isinstance(exc, OpenEnvError) and kind is not EXECUTION:
         return error_frame(WSErrorCode(kind.ws_code), exc.text, **exc.details())
-    message = shown_errors.describe(exc, logger, what)
-    return error_frame(fallback, message, exception=shown_errors.exception_name(exc))
+    message = error_details.describe(exc, logger, what)
+    return error_frame(fallback, message, exception=error_details.exception_name(exc))
 
 
 def deserialize_action(data: Dict[str, Any], action_cls: Type[Action]) -> Action:

@@ -146,7 +146,7 @@ class WSContext:
         await asyncio.gather(*(connection.server_stopping() for connection in self.watch.connections()))
 
 
-class WSRoute:
+class WebSocketRoutes:
     """ASGI middleware serving the WebSocket routes (``/ws``, ``/mcp``) itself, ahead of the
     framework's routing and exception wrappers (they would add a layer to every frame sent);
     everything else passes through, but a WebSocket handshake to a path none of ``routes`` (the
@@ -356,7 +356,7 @@ class WSConnection:
         """Accept the handshake and open (or attach to, or resume) the connection's session."""
         query = urllib.parse.parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
         session_id = query.get("session_id", [None])[-1]
-        opt_in, target = resume.asked(self.scope.get("headers") or ())
+        opt_in, target = resume.handshake_asks(self.scope.get("headers") or ())
         resumable = opt_in and bool(self.manager.resume_grace_s)
         if resumable and target is not None:
             return await self._resume(*target)
@@ -386,7 +386,7 @@ class WSConnection:
         return None
 
     async def _accept(self, record: Optional[resume.Resume]) -> None:
-        await self.send({"type": "websocket.accept", "headers": resume.granted(record) if record else []})
+        await self.send({"type": "websocket.accept", "headers": resume.handshake_grant(record) if record else []})
         self.accepted = True
 
     async def _resume(self, session_id: str, token: str) -> Optional[Session]:

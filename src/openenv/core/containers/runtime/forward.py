@@ -28,7 +28,7 @@ import contextlib
 import logging
 import resource
 import time
-from typing import Optional, Set, Tuple
+from typing import Dict, Optional, Set, Tuple
 
 from ...env_server.limits import ConnectionTable, ServerLimits, address_of, unavailable
 from ...utils import within

@@ -55,7 +55,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from fastapi import FastAPI, Request
 from fastapi.responses import RedirectResponse, Response
 
-from .. import error_details as shown_errors
+from .. import error_details
 from ..dispatch import Call, Op
 from ..exceptions import EnvironmentResultError, InvalidJsonError, SessionNotFoundError
 from ..mcp_endpoint import rpc_error
@@ -318,7 +318,7 @@ def _guarded(hook: Any) -> Any:
 def _checked(result: Any, name: str, shape: Any) -> Any:
     """A hook's result in the view's shape, or ``{"error": ...}`` saying why there is none."""
     if isinstance(result, Exception):
-        return {"error": shown_errors.describe(result, logger, f"{name} failed")}
+        return {"error": error_details.describe(result, logger, f"{name} failed")}
     try:
         return shape(result)
     except EnvironmentResultError as exc:
