@@ -31,6 +31,7 @@ _EXPORTS.update(
         "AnthropicClient": ".llm_client",
         "ToolCall": ".llm_client",
         "create_llm_client": ".llm_client",
+        "check_env": ".checks",
         "check_package": ".checks",
         "check_url": ".checks",
         "CheckReport": ".checks",

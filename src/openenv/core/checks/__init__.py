@@ -16,6 +16,7 @@ from __future__ import annotations
 from ..._lazy import lazy_exports
 
 _EXPORTS = {
+    "check_env": ".environment",
     "check_package": ".package",
     "check_url": ".server",
     "Check": ".report",
