@@ -20,19 +20,25 @@ from pydantic import BaseModel
 
 from openenv.core import CheckReport, EnvCheckError, EnvCheckWarning, check_env, check_package, check_url
 from openenv.core.containers.runtime.isolation import find_bwrap
-from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.mcp_types import CallToolAction
 from openenv.core.env_server.runner import BackgroundServer
-from openenv.core.env_server.types import Action, Observation, State
+from openenv.core.env_server.types import Observation, State
 
-from .conftest import serve
+from .conftest import counter_app, serve
+from .envs import AsyncCounterEnv, BrokenFactoryEnv, CounterAction, CounterEnv, CounterObservation, ToolEnv
 
 DICE = Path(__file__).resolve().parent / "cli" / "fixtures" / "dice_env"
 
 
 def failed(report: CheckReport) -> Dict[str, str]:
     return {c.id: c.detail for c in report.checks if c.status.value == "failed"}
+
+
+def detail(report: CheckReport, id: str) -> str:
+    check = report.get(id)
+    assert check is not None, f"{id} was not run"
+    return check.detail
 
 
 def status(report: CheckReport, id: str) -> str:
@@ -42,61 +48,23 @@ def status(report: CheckReport, id: str) -> str:
 
 
 def error_of(env: Any, **kwargs: Any) -> EnvCheckError:
-    with pytest.raises(EnvCheckError) as caught:
+    with pytest.raises(EnvCheckError) as caught, warnings.catch_warnings():
+        warnings.simplefilter("ignore", EnvCheckWarning)  # (the failures are the point here)
         check_env(env, **kwargs)
     return caught.value
 
 
-# --- a well-behaved environment, and variants with one defect each ----------------------------------
+# --- variants of the tests' counter environment, with one defect each -----------------------------
 
 
-class CoinAction(Action):
-    flips: int = 1
-
-
-class CoinObservation(Observation):
-    heads: int = 0
-
-
-class CoinState(State):
-    heads: int = 0
-
-
-class CoinEnv(Environment[CoinAction, CoinObservation, CoinState]):
-    """Counts heads in coin flips drawn from a generator seeded at reset; three steps an episode."""
-
-    SUPPORTS_CONCURRENT_SESSIONS = True
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._random = random.Random()
-        self._state = CoinState()
-
-    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> CoinObservation:
-        self._random = random.Random(seed)
-        self._state = CoinState(episode_id=episode_id or "episode", step_count=0)
-        return CoinObservation(heads=0, reward=None)
-
-    def step(self, action: CoinAction, timeout_s: Optional[float] = None, **kwargs: Any) -> CoinObservation:
-        if self._state.step_count >= 3:
-            raise RuntimeError("the episode is over: call reset() first")
-        self._state.step_count += 1
-        self._state.heads += sum(self._random.random() < 0.5 for _ in range(action.flips))
-        return CoinObservation(heads=self._state.heads, reward=1.0, done=self._state.step_count >= 3)
-
-    @property
-    def state(self) -> CoinState:
-        return self._state
-
-
-class WrongObservationEnv(CoinEnv):
-    def step(self, action: CoinAction, timeout_s: Optional[float] = None, **kwargs: Any) -> Any:
+class WrongObservationEnv(CounterEnv):
+    def step(self, action: CounterAction, timeout_s: Optional[float] = None, **kwargs: Any) -> Any:
         super().step(action)
         return Observation(reward=1.0)
 
 
-class NaNRewardEnv(CoinEnv):
-    def step(self, action: CoinAction, timeout_s: Optional[float] = None, **kwargs: Any) -> CoinObservation:
+class NaNRewardEnv(CounterEnv):
+    def step(self, action: CounterAction, timeout_s: Optional[float] = None, **kwargs: Any) -> CounterObservation:
         observation = super().step(action)
         observation.reward = float("nan")
         return observation
@@ -106,7 +74,7 @@ class LooseDoneObservation(Observation):
     done: Any = False  # the defect: anything goes, and 0/1 are not the bool a trainer tests
 
 
-class LooseDoneEnv(Environment[CoinAction, LooseDoneObservation, State]):
+class LooseDoneEnv(Environment[CounterAction, LooseDoneObservation, State]):
     def __init__(self) -> None:
         super().__init__()
         self._state = State()
@@ -115,7 +83,7 @@ class LooseDoneEnv(Environment[CoinAction, LooseDoneObservation, State]):
         self._state = State(episode_id="e")
         return LooseDoneObservation(done=False)
 
-    def step(self, action: CoinAction, **kwargs: Any) -> LooseDoneObservation:
+    def step(self, action: CounterAction, **kwargs: Any) -> LooseDoneObservation:
         self._state.step_count += 1
         return LooseDoneObservation(done=0)
 
@@ -128,65 +96,56 @@ class BareState(BaseModel):
     episode_id: Optional[str] = None  # no step_count: not an openenv State
 
 
-class BareStateEnv(CoinEnv):
+class BareStateEnv(CounterEnv):
     @property
     def state(self) -> Any:
         return BareState(episode_id="e")
 
 
-class StillCountingEnv(CoinEnv):
-    def step(self, action: CoinAction, timeout_s: Optional[float] = None, **kwargs: Any) -> CoinObservation:
+class StillCountingEnv(CounterEnv):
+    def step(self, action: CounterAction, timeout_s: Optional[float] = None, **kwargs: Any) -> CounterObservation:
         observation = super().step(action)
         self._state.step_count = 0  # the defect: the state does not count steps
-        observation.done = False
         return observation
 
 
-class FailingResetEnv(CoinEnv):
-    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> CoinObservation:
+class FailingResetEnv(CounterEnv):
+    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> CounterObservation:
         raise ValueError("the board file is missing")
 
 
-class NeedsArgumentsEnv(CoinEnv):
+class NeedsArgumentsEnv(CounterEnv):
     def __init__(self, board: str, size: int, level: int = 1) -> None:
         super().__init__()
 
 
-class FailingConstructorEnv(CoinEnv):
-    def __init__(self) -> None:
-        raise OSError("no GPU here")
-
-
-class UnseededEnv(CoinEnv):
-    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> CoinObservation:
+class UnseededEnv(CounterEnv):
+    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> CounterObservation:
         super().reset(seed=seed)
-        return CoinObservation(heads=random.randrange(10**9))  # the defect: randomness not drawn from the seed
+        return CounterObservation(value=random.randrange(10**9))  # the defect: randomness not drawn from the seed
 
 
-class EndlessEnv(CoinEnv):
-    """Reports done after three steps, then goes on as if nothing happened."""
+class EndlessEnv(CounterEnv):
+    """Says done when the counter reaches 10, then goes on as if nothing happened."""
 
-    def step(self, action: CoinAction, timeout_s: Optional[float] = None, **kwargs: Any) -> CoinObservation:
-        self._state.step_count += 1
-        return CoinObservation(heads=0, reward=1.0, done=self._state.step_count == 3)
+    def step(self, action: CounterAction, timeout_s: Optional[float] = None, **kwargs: Any) -> CounterObservation:
+        observation = super().step(action)
+        observation.done = observation.value == 10
+        return observation
 
 
-class CloseOnceEnv(CoinEnv):
-    def __init__(self) -> None:
-        super().__init__()
-        self.closed = False
-
+class CloseOnceEnv(CounterEnv):
     def close(self) -> None:
-        if self.closed:
+        if self._closed:
             raise RuntimeError("already closed")
-        self.closed = True
+        super().close()
 
 
 class FloatObservation(Observation):
     score: float = 0.0
 
 
-class UnsendableEnv(Environment[CoinAction, FloatObservation, State]):
+class UnsendableEnv(Environment[CounterAction, FloatObservation, State]):
     """Its observation holds a NaN in a float field: sent as null, which a client cannot read back."""
 
     def __init__(self) -> None:
@@ -197,7 +156,7 @@ class UnsendableEnv(Environment[CoinAction, FloatObservation, State]):
         self._state = State(episode_id="e")
         return FloatObservation(score=0.0)
 
-    def step(self, action: CoinAction, **kwargs: Any) -> FloatObservation:
+    def step(self, action: CounterAction, **kwargs: Any) -> FloatObservation:
         self._state.step_count += 1
         return FloatObservation(score=float("nan"), reward=0.0)
 
@@ -206,20 +165,17 @@ class UnsendableEnv(Environment[CoinAction, FloatObservation, State]):
         return self._state
 
 
-class AsyncCoinEnv(CoinEnv):
-    """Async reset and step, run on the event loop as a server runs them."""
+class RefusingAfterDoneEnv(CounterEnv):
+    """Not a defect: it refuses a step once the episode is over, as the catalogue's games do."""
 
-    async def reset_async(self, seed: Optional[int] = None, **kwargs: Any) -> CoinObservation:
-        await asyncio.sleep(0)
-        return self.reset(seed=seed, **kwargs)
-
-    async def step_async(self, action: CoinAction, timeout_s: Optional[float] = None, **kwargs: Any) -> CoinObservation:
-        await asyncio.sleep(0)
-        return self.step(action)
+    def step(self, action: CounterAction, timeout_s: Optional[float] = None, **kwargs: Any) -> CounterObservation:
+        if self._state.value >= 10:
+            raise ValueError("the episode is over: call reset() first")
+        return super().step(action)
 
 
-class HangingEnv(CoinEnv):
-    async def step_async(self, action: CoinAction, timeout_s: Optional[float] = None, **kwargs: Any) -> CoinObservation:
+class HangingEnv(AsyncCounterEnv):
+    async def step_async(self, action: CounterAction, timeout_s: Optional[float] = None) -> CounterObservation:
         await asyncio.sleep(60)
         raise AssertionError("not reached")
 
@@ -249,20 +205,22 @@ def test_the_echo_environment_lists_its_tools_and_one_is_called():
     from echo_env.server.echo_environment import EchoEnvironment
 
     report = check_env(EchoEnvironment())  # an instance is checked as it is
-    tools = report.get("mcp.tools")
-    assert tools is not None and tools.ok and "echo_message" in tools.detail
-    assert report.get("env.construct").detail == "given an instance"  # type: ignore[union-attr]
+    assert status(report, "mcp.tools") == "passed" and "echo_message" in detail(report, "mcp.tools")
+    assert detail(report, "env.construct") == "given an instance"
 
 
 def test_an_episode_that_ends_is_played_to_its_end_and_the_step_after_it_checked():
     from grid_world_env.server.grid_world_environment import GridWorldEnvironment
 
     report = check_env(GridWorldEnvironment, max_episode_steps=200)
-    assert "a step after it answered done=True again" in report.get("env.step_after_done").detail  # type: ignore[union-attr]
+    assert "a step after it answered done=True again" in detail(report, "env.step_after_done")
+
+
+# --- what a report says --------------------------------------------------------------------------
 
 
 def test_a_good_environment_passes_every_check_and_the_report_says_what_was_checked():
-    report = check_env(CoinEnv, raise_on_failure=False)
+    report = check_env(CounterEnv, raise_on_failure=False)
     assert report.ok and not report.warnings
     assert [c.id for c in report.checks] == [
         "env.construct",
@@ -278,20 +236,51 @@ def test_a_good_environment_passes_every_check_and_the_report_says_what_was_chec
         "env.close",
     ]
     assert all(c.ok and c.title and c.detail for c in report.checks)
-    assert "action CoinAction, observation CoinObservation, state CoinState" in report.get("env.types").detail  # type: ignore[union-attr]
-    assert '{"flips": 1} (generated from the action schema)' in report.get("env.step").detail  # type: ignore[union-attr]
-    assert "seed=4321 a different episode" in report.get("env.seed_determinism").detail  # type: ignore[union-attr]
-    assert "refused: RuntimeError: the episode is over" in report.get("env.step_after_done").detail  # type: ignore[union-attr]
+    assert "action CounterAction, observation CounterObservation, state CounterState" in detail(report, "env.types")
+    assert '{"delta": 1, "sleep_s": 0.0, "fail": false} (generated from the action schema)' in detail(
+        report, "env.step"
+    )
+    assert "seed=4321 a different episode" in detail(report, "env.seed_determinism")
+    assert "ended after 6 steps; a step after it answered done=True again" in detail(report, "env.step_after_done")
+
+
+def test_a_step_after_the_end_may_be_refused():
+    report = check_env(RefusingAfterDoneEnv)
+    assert "a step after it was refused: ValueError: the episode is over" in detail(report, "env.step_after_done")
 
 
 def test_an_async_environment_is_run_on_the_event_loop_and_passes():
-    assert check_env(AsyncCoinEnv).ok
+    assert check_env(AsyncCounterEnv).ok
 
 
 def test_the_action_given_is_the_one_stepped():
-    report = check_env(CoinEnv, action={"flips": 7})
-    assert '{"flips": 7} (given)' in report.get("env.step").detail  # type: ignore[union-attr]
-    assert check_env(CoinEnv, action=CoinAction(flips=2)).ok
+    report = check_env(CounterEnv, action={"delta": 7})
+    assert '{"delta": 7, "sleep_s": 0.0, "fail": false} (given)' in detail(report, "env.step")
+    assert "the episode ended after 1 step;" in detail(report, "env.step_after_done")  # 1234 % 5 + 7 >= 10
+    assert check_env(CounterEnv, action=CounterAction(delta=2)).ok
+
+
+def test_an_error_names_every_failed_check():
+    class TwoDefectsEnv(NaNRewardEnv, CloseOnceEnv):
+        pass
+
+    error = error_of(TwoDefectsEnv)
+    assert [c.id for c in error.report.failed] == ["env.step", "env.close"]
+    assert str(error).startswith("TwoDefectsEnv failed 2 checks:\n- env.step (")
+
+
+def test_warnings_are_issued_when_raising_and_only_reported_otherwise():
+    with pytest.warns(EnvCheckWarning, match="env.step_after_done: the episode ended after 6 steps; a step after"):
+        check_env(EndlessEnv)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report = check_env(EndlessEnv, raise_on_failure=False)
+    assert report.ok and [c.id for c in report.warnings] == ["env.step_after_done"]
+
+
+def test_something_that_is_no_environment_is_a_type_error():
+    with pytest.raises(TypeError, match=r"check_env takes an Environment .* not a dict"):
+        check_env({"reset": None})
 
 
 # --- one defect each -----------------------------------------------------------------------------
@@ -300,12 +289,12 @@ def test_the_action_given_is_the_one_stepped():
 def test_a_step_that_returns_another_observation_type_fails_env_step():
     error = error_of(WrongObservationEnv)
     assert "- env.step (step returns the declared observation)" in str(error)
-    assert "returned a Observation, not the declared CoinObservation" in str(error)
+    assert "returned a Observation, not the declared CounterObservation" in str(error)
 
 
 def test_a_nan_reward_fails_with_what_the_client_would_see():
     error = error_of(NaNRewardEnv)
-    assert "env.step" in str(error)
+    assert "- env.step (" in str(error)
     assert "reward is nan, not a finite number: it reaches the client as null (None)" in str(error)
 
 
@@ -323,16 +312,22 @@ def test_a_state_without_step_count_fails_env_state():
 def test_a_state_whose_step_count_does_not_count_is_a_warning():
     report = check_env(StillCountingEnv, raise_on_failure=False)
     assert report.ok and status(report, "env.state") == "warning"
-    assert "step_count is 0 after a step" in report.get("env.state").detail  # type: ignore[union-attr]
+    assert "step_count is 0 after a step" in detail(report, "env.state")
 
 
 def test_a_reset_that_raises_fails_names_the_exception_and_skips_what_needs_it():
     report = check_env(FailingResetEnv, raise_on_failure=False)
-    detail = failed(report)["env.reset"]
-    assert detail.startswith("reset(seed=1234) raised ValueError: the board file is missing (at test_check_env.py:")
-    assert "in reset)" in detail
+    why = failed(report)["env.reset"]
+    assert why.startswith("reset(seed=1234) raised ValueError: the board file is missing (at test_check_env.py:")
+    assert why.endswith(" in reset)")
     assert status(report, "env.step") == "skipped" and status(report, "env.seed_determinism") == "skipped"
     assert status(report, "env.close") == "passed"  # closed all the same
+
+
+def test_a_given_action_that_fails_fails_env_step():
+    error = error_of(CounterEnv, action=CounterAction(fail=True))
+    assert "- env.step (step returns the declared observation): step(" in str(error)
+    assert "(given) raised ValueError: the step failed on purpose (at envs.py:" in str(error)
 
 
 def test_a_class_that_needs_arguments_is_refused_with_their_names():
@@ -344,27 +339,14 @@ def test_a_class_that_needs_arguments_is_refused_with_their_names():
 
 
 def test_a_constructor_that_raises_fails_env_construct():
-    error = error_of(FailingConstructorEnv)
-    assert "FailingConstructorEnv() raised OSError: no GPU here" in str(error)
+    error = error_of(BrokenFactoryEnv)
+    assert "BrokenFactoryEnv() raised RuntimeError: cannot build this environment (at envs.py:" in str(error)
 
 
 def test_an_environment_that_drops_the_seed_fails_the_seed_check():
-    detail = failed(check_env(UnseededEnv, raise_on_failure=False))["env.seed_determinism"]
-    assert "two episodes started with reset(seed=1234) differ at the reset (observation.heads: " in detail
-    assert "UnseededEnv.reset() receives the seed but does not use it" in detail
-
-
-def test_a_step_after_the_end_that_goes_on_is_a_warning():
-    with pytest.warns(EnvCheckWarning, match="env.step_after_done: the episode ended after 3 steps; a step after"):
-        report = check_env(EndlessEnv)
-    assert report.ok and status(report, "env.step_after_done") == "warning"
-
-
-def test_warnings_are_only_in_the_report_when_a_report_is_asked_for():
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        report = check_env(EndlessEnv, raise_on_failure=False)
-    assert [c.id for c in report.warnings] == ["env.step_after_done"]
+    why = failed(check_env(UnseededEnv, raise_on_failure=False))["env.seed_determinism"]
+    assert "two episodes started with reset(seed=1234) differ at the reset (observation.value: " in why
+    assert "UnseededEnv.reset() receives the seed but does not use it" in why
 
 
 def test_a_close_that_fails_the_second_time_fails_env_close():
@@ -376,86 +358,40 @@ def test_a_close_that_fails_the_second_time_fails_env_close():
 
 
 def test_an_observation_a_client_cannot_read_back_fails_env_wire():
-    detail = failed(check_env(UnsendableEnv, raise_on_failure=False))["env.wire"]
-    assert "a client cannot read the FloatObservation it is sent as a FloatObservation" in detail
-    assert "score" in detail
+    why = failed(check_env(UnsendableEnv, raise_on_failure=False))["env.wire"]
+    assert "a client cannot read the FloatObservation it is sent as a FloatObservation" in why
+    assert "score" in why
 
 
 def test_a_step_that_hangs_is_stopped_at_the_timeout():
     report = check_env(HangingEnv, timeout_s=0.5, raise_on_failure=False)
-    assert "did not finish within the server's step timeout of 0.5 s" in report.get("env.step").detail  # type: ignore[union-attr]
-
-
-def test_an_error_names_every_failed_check():
-    class TwoDefectsEnv(NaNRewardEnv, CloseOnceEnv):
-        pass
-
-    error = error_of(TwoDefectsEnv)
-    assert [c.id for c in error.report.failed] == ["env.step", "env.close"]
-    assert str(error).startswith("TwoDefectsEnv failed 2 checks:\n- env.step (")
-
-
-def test_something_that_is_no_environment_is_a_type_error():
-    with pytest.raises(TypeError, match=r"check_env takes an Environment .* not a dict"):
-        check_env({"reset": None})
+    assert "did not finish within the server's step timeout of 0.5 s" in detail(report, "env.step")
 
 
 # --- MCP environments ----------------------------------------------------------------------------
 
 
-def _tool_env(broken: bool) -> type:
-    from fastmcp import FastMCP
-
-    from openenv.core.env_server.mcp_environment import MCPEnvironment
-
-    class ToolEnv(MCPEnvironment):
-        def __init__(self) -> None:
-            mcp = FastMCP("tools")
-
-            @mcp.tool
-            def lookup(key: str) -> str:
-                """Look a key up."""
-                if broken:
-                    raise KeyError(f"no table for {key!r}")
-                return f"value of {key}"
-
-            super().__init__(mcp)
-            self._state = State()
-
-        def reset(self, seed: Optional[int] = None, **kwargs: Any) -> Observation:
-            self._state = State(episode_id="e")
-            return Observation()
-
-        def _step_impl(self, action: Action, timeout_s: Optional[float] = None, **kwargs: Any) -> Observation:
-            return Observation(metadata={"error": "tools only"})
-
-        async def _after_mcp_action(self, action: Action, observation: Observation) -> Observation:
-            self._state.step_count += 1
-            return await super()._after_mcp_action(action, observation)
-
-        @property
-        def state(self) -> State:
-            return self._state
-
-    return ToolEnv
-
-
-def test_an_mcp_environment_with_working_tools_passes():
-    report = check_env(_tool_env(broken=False))
-    assert 'lists lookup; lookup({"key": ""}) -> "value of "' in report.get("mcp.tools").detail  # type: ignore[union-attr]
+def test_an_mcp_environment_lists_its_tools_and_a_generated_call_works():
+    report = check_env(ToolEnv, raise_on_failure=False)
+    assert report.ok and 'lists add, boom, nap; add({"a": 0}) -> 2' in detail(report, "mcp.tools")
 
 
 def test_an_mcp_environment_whose_tool_raises_fails_mcp_tools():
-    error = error_of(_tool_env(broken=True))
-    assert "- mcp.tools (MCP tools listed and callable)" in str(error)
-    assert 'the call lookup({"key": ""}) (generated) failed, execution_error' in str(error)
-    assert "no table for ''" in str(error)
-    assert "check_env(env, action=CallToolAction(tool_name='lookup', arguments={...}))" in str(error)
+    error = error_of(ToolEnv, action=CallToolAction(tool_name="boom"))
+    assert "- mcp.tools (MCP tools listed and callable): lists add, boom, nap; the call boom({}) (given) failed" in str(
+        error
+    )
+    assert "execution_error: Error calling tool 'boom': kaboom" in str(error)
 
 
-def test_an_mcp_tool_call_given_is_the_one_made():
-    report = check_env(_tool_env(broken=False), action=CallToolAction(tool_name="lookup", arguments={"key": "k"}))
-    assert '"value of k"' in report.get("mcp.tools").detail  # type: ignore[union-attr]
+def test_a_generated_tool_call_that_fails_says_how_to_give_one():
+    class BoomFirstEnv(ToolEnv):
+        async def list_tools_async(self) -> Any:
+            return sorted(await super().list_tools_async(), key=lambda tool: tool.name != "boom")
+
+    why = failed(check_env(BoomFirstEnv, raise_on_failure=False))["mcp.tools"]
+    assert "the call boom({}) (generated) failed" in why
+    assert "pass a valid call: check_env(env, action=CallToolAction(tool_name='boom', arguments={...}))" in why
 
 
 # --- check_package and check_url -------------------------------------------------------------------
@@ -488,27 +424,23 @@ def test_check_package_names_what_is_broken_in_a_package(tmp_path):
     assert "- package.client (Client class): no client.py" in message
 
 
-def coin_app(env: type = CoinEnv) -> Any:
-    return create_app(env, CoinAction, CoinObservation, state_cls=CoinState, max_concurrent_envs=4)
-
-
 def test_check_url_passes_a_running_server():
-    with BackgroundServer(coin_app()) as server:
+    with BackgroundServer(counter_app()) as server:
         report = check_url(server.base_url)
-    assert report.ok and report.kind == "url" and report.name == "CoinEnv"
+    assert report.ok and report.kind == "url" and report.name == "CounterEnv"
     for id in ("http.health", "http.schema", "ws.round_trip", "ws.invalid_action", "ws.concurrent_sessions"):
         assert status(report, id) == "passed", (id, report.get(id))
 
 
 def test_check_url_speaks_to_a_server_on_a_unix_socket():
-    with serve(coin_app(), uds=True) as server:
+    with serve(counter_app(), uds=True) as server:
         report = check_url(server.base_url, raise_on_failure=False)
     assert server.base_url.startswith("unix://")
     assert report.ok, failed(report)
 
 
 def test_check_url_raises_naming_what_the_server_got_wrong():
-    with BackgroundServer(coin_app(UnseededEnv)) as server:
+    with BackgroundServer(counter_app(UnseededEnv)) as server:
         with pytest.raises(EnvCheckError) as caught:
             check_url(server.base_url)
     assert "- ws.seed_determinism (Same seed, same episode): two episodes started with reset(seed=1234)" in str(
@@ -517,7 +449,7 @@ def test_check_url_raises_naming_what_the_server_got_wrong():
 
 
 def test_check_url_reports_a_server_that_is_not_there():
-    with BackgroundServer(coin_app()) as server:
+    with BackgroundServer(counter_app()) as server:
         url = server.base_url
     report = check_url(url, timeout_s=5, raise_on_failure=False)
     assert not report.ok and "GET /health failed" in failed(report)["http.health"]

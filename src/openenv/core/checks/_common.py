@@ -11,6 +11,13 @@ from .report import Status
 SEED = 1234
 OTHER_SEED = 4321
 
+Progress = Callable[[str], None]
+"""Called with a line saying what a long check is doing (``openenv validate`` prints it)."""
+
+
+def quiet(_: str) -> None:
+    """A :data:`Progress` that says nothing."""
+
 
 def resolve(schema: Dict[str, Any], root: Dict[str, Any]) -> Dict[str, Any]:
     ref = schema.get("$ref")

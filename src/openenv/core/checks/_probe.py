@@ -25,7 +25,9 @@ def run_probe(directory: Path, app: Optional[str], timeout_s: float) -> Dict[str
             argv, cwd=directory, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout_s
         )
     except subprocess.TimeoutExpired:
-        return {"error": f"importing took longer than {timeout_s:g} s (raise --timeout if it is just slow)"}
+        return {
+            "error": f"importing took longer than {timeout_s:g} s (raise --timeout, or timeout_s, if it is just slow)"
+        }
     for line in reversed(done.stdout.splitlines()):
         if line.startswith(_PROBE_MARK):
             return json.loads(line[len(_PROBE_MARK) :])

@@ -178,7 +178,8 @@ class _EnvProbe:
             self.skip_rest("the environment could not be built")
             return
         factory = self.cls if isinstance(self.env, type) else (lambda: self.env)
-        self.manager = SessionManager(factory, max_sessions=1, step_timeout_s=self.timeout_s)
+        # One worker thread: every sync call on the one thread, as one that requires it gets on a server.
+        self.manager = SessionManager(factory, max_sessions=1, step_timeout_s=self.timeout_s, worker_threads=1)
         try:
             try:
                 self.session = await self.manager.create(SessionKind.SOCKET)

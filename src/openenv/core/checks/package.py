@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Union
 
 from ..manifest import MANIFEST, EnvManifest, ManifestError
+from ._common import Progress, quiet
 from ._probe import run_probe
 from .report import CheckReport, Status
-from .server import Hints, Progress, _quiet, run_server_checks, skip_rest
+from .server import Hints, ServerProbe, skip_rest
 
 
 def check_package(
@@ -28,7 +29,7 @@ def check_package(
     isolation: str = "sandbox",
     action: Optional[Dict[str, Any]] = None,
     raise_on_failure: bool = True,
-    progress: Progress = _quiet,
+    progress: Progress = quiet,
 ) -> CheckReport:
     """Check the environment package at ``path``, as ``openenv validate PATH`` does: its manifest,
     layout, app, models, client, ``pyproject.toml`` and Dockerfile; then, with ``runtime``, serve
@@ -66,7 +67,7 @@ def check_package(
         elapsed = time.monotonic() - started
         report.add("server.start", "Server starts", Status.PASSED, f"ready {where} in {elapsed:.1f} s at {url}")
         progress(f"Server ready in {elapsed:.1f} s; checking it ...")
-        run_server_checks(url, report, hints, timeout_s, action)
+        ServerProbe(url, report, hints, timeout_s, action).check()
     finally:
         if provider is not None:
             progress("Stopping the server ...")

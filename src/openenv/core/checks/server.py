@@ -12,19 +12,24 @@ from __future__ import annotations
 import asyncio
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..utils import run_async_safely, within
-from ._common import SEED, comparable, example, fields, first_difference, invalid_variant, seed_verdict, short
+from ._common import (
+    SEED,
+    Progress,
+    comparable,
+    example,
+    fields,
+    first_difference,
+    invalid_variant,
+    quiet,
+    seed_verdict,
+    short,
+)
 from .report import CheckReport, Status
 
-Progress = Callable[[str], None]
-
 _MCP_LIST = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
-
-
-def _quiet(_: str) -> None:
-    pass
 
 
 def check_url(
@@ -33,7 +38,7 @@ def check_url(
     timeout_s: float = 30.0,
     action: Optional[Dict[str, Any]] = None,
     raise_on_failure: bool = True,
-    progress: Progress = _quiet,
+    progress: Progress = quiet,
 ) -> CheckReport:
     """Check the running server at ``url`` (``http(s)://host:port`` or ``unix:///path.sock``), as
     ``openenv validate URL`` does: its HTTP routes, then reset/step/state and the rest over
@@ -46,20 +51,8 @@ def check_url(
     returns the :class:`~openenv.core.checks.CheckReport` instead."""
     report = CheckReport(target=url, kind="url")
     progress(f"Checking the server at {url} ...")
-    run_server_checks(url, report, Hints(), timeout_s, action, send_token=True)
+    ServerProbe(url, report, Hints(), timeout_s, action, send_token=True).check()
     return report.finish(raise_on_failure)
-
-
-def run_server_checks(
-    url: str,
-    report: CheckReport,
-    hints: Hints,
-    timeout_s: float,
-    action: Optional[Dict[str, Any]],
-    send_token: bool = False,
-) -> None:
-    """Add the run-time checks of the server at ``url`` to ``report``."""
-    run_async_safely(_ServerProbe(url, report, hints, timeout_s, action, send_token=send_token).run())
 
 
 def skip_rest(report: CheckReport, reason: str) -> None:
@@ -194,7 +187,7 @@ def _observation(reply: Dict[str, Any], what: str) -> Dict[str, Any]:
     return data  # type: ignore[return-value]
 
 
-class _ServerProbe:
+class ServerProbe:
     """Runs the run-time checks against one server, adding them to the report in order."""
 
     def __init__(
@@ -237,7 +230,11 @@ class _ServerProbe:
             headers=headers,
         )
 
-    async def run(self) -> None:
+    def check(self) -> None:
+        """Run the checks from sync code."""
+        run_async_safely(self._run())
+
+    async def _run(self) -> None:
         async with self._http() as http:
             if not await self._health(http):
                 skip_rest(self.report, "the server did not answer GET /health")
@@ -412,7 +409,7 @@ class _ServerProbe:
                     title,
                     Status.WARNING,
                     f"reset worked, but the server refused the step action {short(action)} ({origin}): {exc}; "
-                    "pass a valid action with --action '<json>' to run the step checks",
+                    "pass a valid action with --action '<json>' (check_url's action=) to run the step checks",
                 )
                 return False
             state = await session.ask({"type": "state"})
