@@ -119,6 +119,7 @@ class _Connection:
             headers=headers,
             reconnect_timeout_s=0,
         )
+        self.timeout_s = timeout_s
         self.broken = False
 
     async def __aenter__(self) -> _Connection:
@@ -148,7 +149,7 @@ class _Connection:
             raise _Broken(f"the server closed the connection on {what} ({exc})") from None
         except TimeoutError:
             self.broken = True
-            raise _Broken(f"no answer to {what} within {self.client._message_timeout_s:g} s") from None
+            raise _Broken(f"no answer to {what} within {self.timeout_s:g} s") from None
         except Exception as exc:  # a reply that is not a JSON object, a connection refused
             self.broken = True
             raise _Broken(f"{what} failed: {exc}") from None
