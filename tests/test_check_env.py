@@ -26,7 +26,15 @@ from openenv.core.env_server.runner import BackgroundServer
 from openenv.core.env_server.types import Observation, State
 
 from .conftest import counter_app, serve
-from .envs import AsyncCounterEnv, BrokenFactoryEnv, CounterAction, CounterEnv, CounterObservation, ToolEnv
+from .envs import (
+    AsyncCounterEnv,
+    BrokenFactoryEnv,
+    CounterAction,
+    CounterEnv,
+    CounterObservation,
+    LegacyToolEnv,
+    ToolEnv,
+)
 
 DICE = Path(__file__).resolve().parent / "cli" / "fixtures" / "dice_env"
 
@@ -258,6 +266,16 @@ def test_the_action_given_is_the_one_stepped():
     assert '{"delta": 7, "sleep_s": 0.0, "fail": false} (given)' in detail(report, "env.step")
     assert "the episode ended after 1 step;" in detail(report, "env.step_after_done")  # 1234 % 5 + 7 >= 10
     assert check_env(CounterEnv, action=CounterAction(delta=2)).ok
+
+
+def test_an_environment_that_declares_no_types_is_warned_and_stepped_with_the_action_given():
+    report = check_env(LegacyToolEnv, raise_on_failure=False)
+    assert report.ok and status(report, "env.types") == "warning"
+    assert "LegacyToolEnv declares no types" in detail(report, "env.types")
+    assert detail(report, "env.step") == "no action type declared to make an action from: pass action= (or action_cls=)"
+    shout = CallToolAction(tool_name="shout", arguments={"text": "hi"})
+    report = check_env(LegacyToolEnv, action=shout, raise_on_failure=False)
+    assert status(report, "env.step") == "passed" and status(report, "env.wire") == "passed"
 
 
 def test_an_error_names_every_failed_check():

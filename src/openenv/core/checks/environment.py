@@ -433,11 +433,10 @@ class _EnvProbe:
             return None, "no action type declared to make an action from: pass action= (or action_cls=)"
         schema = self.action_cls.model_json_schema()
         try:
-            return deserialize_action(
-                example(schema, schema) or {}, self.action_cls
-            ), "generated from the action schema"
+            action = deserialize_action(example(schema, schema) or {}, self.action_cls)
         except Exception as exc:
             return None, f"no valid {self.action_cls.__name__} could be made from its schema ({exc}): pass action="
+        return action, "generated from the action schema"
 
     async def _step(self) -> Any:
         action, origin = self._step_action()
@@ -483,7 +482,7 @@ class _EnvProbe:
                 if read.episode_id is not None and not isinstance(read.episode_id, str):
                     problems.append(f"episode_id is a {type(read.episode_id).__name__}, not a string or None")
             if problems:
-                self.add("env.state", Status.FAILED, "; ".join(dict.fromkeys(problems)))
+                self.add("env.state", Status.FAILED, "; ".join(problems))
                 return
         detail = f"{type(after).__name__}: episode_id {after.episode_id!r}, step_count {after.step_count}"
         stepped = self.report.get("env.step")
