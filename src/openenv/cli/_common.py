@@ -6,7 +6,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 from rich.console import Console
 from rich.text import Text
@@ -82,15 +82,6 @@ def load_package(path: Optional[str], *, by_name: bool = False) -> EnvManifest:
 
 def _is_name(text: str) -> bool:
     return bool(text.strip()) and os.sep not in text and "/" not in text and not text.startswith((".", "~"))
-
-
-def shown_path(path: Union[str, Path]) -> str:
-    """``path`` as a user would type it here: relative to the working directory when inside it."""
-    absolute = Path(path).absolute()
-    try:
-        return os.path.relpath(absolute) if absolute.is_relative_to(Path.cwd()) else str(absolute)
-    except (OSError, ValueError):  # no working directory any more
-        return str(absolute)
 
 
 def print_json(data: Any) -> None:

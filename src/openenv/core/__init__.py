@@ -31,6 +31,12 @@ _EXPORTS.update(
         "AnthropicClient": ".llm_client",
         "ToolCall": ".llm_client",
         "create_llm_client": ".llm_client",
+        "check_env": ".checks",
+        "check_package": ".checks",
+        "check_url": ".checks",
+        "CheckReport": ".checks",
+        "EnvCheckError": ".checks",
+        "EnvCheckWarning": ".checks",
     }
 )
 

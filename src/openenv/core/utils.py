@@ -14,6 +14,7 @@ import stat
 import sys
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Iterator, Optional, TypeVar, Union
 from urllib.parse import urlsplit, urlunsplit
 
@@ -263,3 +264,12 @@ def tuned_gc(enabled: bool) -> Iterator[None]:
     finally:
         gc.set_threshold(*thresholds)
         gc.unfreeze()
+
+
+def shown_path(path: Union[str, Path]) -> str:
+    """``path`` as a user would type it here: relative to the working directory when inside it."""
+    absolute = Path(path).absolute()
+    try:
+        return os.path.relpath(absolute) if absolute.is_relative_to(Path.cwd()) else str(absolute)
+    except (OSError, ValueError):  # no working directory any more
+        return str(absolute)

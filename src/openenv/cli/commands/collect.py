@@ -25,7 +25,8 @@ from typing import Any, Callable, Dict, Optional
 
 import typer
 
-from openenv.cli._common import CLIError, err, out, shown_path
+from openenv.cli._common import CLIError, err, out
+from openenv.core.utils import shown_path
 
 # name -> (module, attribute): imported when first used (the harness layers and the environment
 # packages cost a tenth of a second that every other command would pay), then kept as a global of

@@ -34,7 +34,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import typer
 
-from openenv.cli._common import CLIError, err, load_package, out, shown_path, styled
+from openenv.cli._common import CLIError, err, load_package, out, styled
+from openenv.core.utils import shown_path
 
 REPORT_FILE = "report.html"
 SUMMARY_FILE = "summary.json"

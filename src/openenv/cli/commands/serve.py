@@ -16,7 +16,7 @@ from typing import Dict, List, Optional
 import typer
 
 from openenv.cli._common import CLIError, err, load_package, styled
-from openenv.cli._dependencies import missing_module_help
+from openenv.core.checks.dependencies import missing_module_help
 from openenv.core.manifest import EnvManifest
 from openenv.core.utils import is_local_host
 

@@ -24,9 +24,10 @@ from typing import Dict, List, Optional, Tuple
 
 import typer
 
-from openenv.cli._common import CLIError, err, out, shown_path, styled
+from openenv.cli._common import CLIError, err, out, styled
 from openenv.cli._help import PlainCommand, PlainGroup, plain
 from openenv.cli.commands.init import TEMPLATES_DIR, render
+from openenv.core.utils import shown_path
 
 SKILL_NAME = "openenv-cli"
 SKILL_FILE = "SKILL.md"

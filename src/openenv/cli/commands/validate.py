@@ -1,4 +1,7 @@
-"""``openenv validate``: check an environment package, or a running server, against OpenEnv's contract."""
+"""``openenv validate``: check an environment package, or a running server, against OpenEnv's contract.
+
+The checks are a library (:mod:`openenv.core.checks`); this command reads its arguments and
+prints the report, as a table or as JSON."""
 
 from __future__ import annotations
 
@@ -56,7 +59,7 @@ def register(app: typer.Typer) -> None:
 
         Exit code 0 when no check failed (warnings allowed), 1 otherwise.
         """
-        from openenv.cli._validation import validate_package, validate_url
+        from openenv.core.checks import check_package, check_url
 
         if isolation is not None:
             if isolation not in ("sandbox", "none"):
@@ -66,7 +69,9 @@ def register(app: typer.Typer) -> None:
         progress = _progress_printer()
         with _sigterm_as_interrupt():
             if target and target.startswith(_URL_SCHEMES):
-                report = validate_url(target, timeout_s=timeout, action=step_action, progress=progress)
+                report = check_url(
+                    target, timeout_s=timeout, action=step_action, raise_on_failure=False, progress=progress
+                )
             else:
                 path = Path(target or ".").expanduser()
                 if not path.is_dir():  # the name of an installed package (`echo`), or an error that says why not
@@ -74,19 +79,20 @@ def register(app: typer.Typer) -> None:
                         path = load_package(target, by_name=True).path
                     except CLIError as exc:
                         raise CLIError(str(exc), 2) from None
-                report = validate_package(
+                report = check_package(
                     path,
                     timeout_s=timeout,
                     runtime=runtime,
                     isolation="sandbox" if sandbox else "none",
                     action=step_action,
+                    raise_on_failure=False,
                     progress=progress,
                 )
         if json_output:
             print_json(report.to_dict())
         else:
             _print_report(report)
-        if not report.passed:
+        if not report.ok:
             raise typer.Exit(1)
 
 
@@ -147,7 +153,7 @@ def _print_report(report: Any) -> None:
         out.print(Text(f"{check.status.value.upper()} {check.id}: ", style=_STYLES[check.status.value]), end="")
         out.print(Text(check.detail))
     counts = report.counts()
-    verdict = Text("PASSED", style="bold green") if report.passed else Text("FAILED", style="bold red")
+    verdict = Text("PASSED", style="bold green") if report.ok else Text("FAILED", style="bold red")
     summary = Text(
         f"{counts['passed']} passed, {counts['failed']} failed, {counts['warning']} warnings, "
         f"{counts['skipped']} skipped: "

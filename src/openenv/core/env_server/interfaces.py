@@ -4,7 +4,7 @@ An environment is a Python object with three operations over typed pydantic mode
 
 * ``reset(seed=None, episode_id=None, **kwargs) -> Observation`` starts a new episode and returns
   its first observation. It must be called before ``step``. With the same ``seed`` an environment
-  should produce the same episode (``openenv validate`` checks this).
+  should produce the same episode (``openenv validate`` and ``check_env`` check this).
 * ``step(action, timeout_s=None, **kwargs) -> Observation`` applies one action. The observation
   carries ``reward`` (for this step, ``None`` if the environment gives none) and ``done`` (the
   episode is over: call ``reset`` before stepping again).

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from openenv.cli._common import shown_path
+from ..utils import shown_path
 
 _NO_MODULE = re.compile(r"No module named '([\w.]+)'")
 
