@@ -35,10 +35,10 @@ import time
 import weakref
 from abc import ABC, abstractmethod
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Generic, List, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, FrozenSet, Generic, List, Optional, Tuple, TypeVar
 
 from .client_errors import EnvClientError, ServerStoppedError, SessionLostError, connect_failure, error_from_frame
-from .client_types import StepResult
+from .client_types import StepResult, Usage
 from .env_server.resume import (
     RESUME_HEADER,
     SEQ_KEY,
@@ -47,10 +47,9 @@ from .env_server.resume import (
     STOPPING_REASON,
     TOKEN_HEADER,
 )
+from .loop_thread import LoopThread
+from .sync_client import SyncEnvClient
 from .utils import Endpoint, check_unix_socket, parse_endpoint, timeout_after, within
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .sync_client import LoopThread, SyncEnvClient
 
 logger = logging.getLogger("openenv.client")
 
@@ -90,15 +89,6 @@ _TRANSITIONS: Dict[ClientState, FrozenSet[ClientState]] = {
     ClientState.CLOSING: frozenset({ClientState.CLOSED}),
     ClientState.CLOSED: frozenset({ClientState.OPEN, ClientState.CLOSING}),
 }
-
-
-class Usage(str, Enum):
-    """How a client is driven: decided by its first use (or ``async with`` / ``.sync()``), then
-    fixed; ``EnvClient._claim`` is the one move, from UNDECIDED."""
-
-    UNDECIDED = "undecided"
-    ASYNC = "async"
-    SYNC = "sync"
 
 
 def _resolve_mode(mode: Optional[str]) -> str:
@@ -248,8 +238,6 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
     def _runner(self) -> LoopThread:
         runner = self._loop_thread
         if runner is None:
-            from .sync_client import LoopThread
-
             with _RUNNER_LOCK:  # first sync calls from several threads: one loop thread
                 runner = self._loop_thread
                 if runner is None:
@@ -319,8 +307,6 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
     def sync(self) -> SyncEnvClient[ActT, ObsT, StateT]:
         """A blocking view of this client (cached)."""
         if self._sync_client is None:
-            from .sync_client import SyncEnvClient
-
             self._sync_client = SyncEnvClient(self)
         return self._sync_client
 
