@@ -337,19 +337,19 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         ``provider`` (default: a :class:`~openenv.core.containers.runtime.LocalDockerProvider`);
         with ``use_docker=False`` its package is fetched from the Space's repository and served in
         the sandbox instead, which needs ``trust_remote_code=True`` or
-        ``OPENENV_TRUST_REMOTE_CODE=1`` (see :mod:`openenv.auto.hub`). Keyword arguments of the
+        ``OPENENV_TRUST_REMOTE_CODE=1`` (see :mod:`openenv.core.spaces`). Keyword arguments of the
         client's constructor go to the client; ``port``, ``env_vars`` and ``workers`` start the
         container; the rest go to the provider this makes (with ``provider`` given, they are a
         ``ValueError``). The result can be awaited (``client = await Env.from_env(...)``),
         entered (``async with`` / ``with``), or made blocking with ``.sync()``.
         """
-        from ..auto import hub
+        from . import spaces
         from .utils import hf_space_subdomain
 
         client_kwargs, provider_kwargs = split_client_kwargs(cls, kwargs)
-        from_hub = hub.is_hub_id(name_or_path)
+        from_hub = spaces.is_hub_id(name_or_path)
         if use_docker or (from_hub and use_docker is None):
-            repo_id = hub.repo_id_of(name_or_path) if from_hub else name_or_path
+            repo_id = spaces.repo_id_of(name_or_path) if from_hub else name_or_path
             image = f"registry.hf.space/{hf_space_subdomain(repo_id)}:{provider_kwargs.pop('tag', 'latest')}"
             start = {k: provider_kwargs.pop(k) for k in ("port", "env_vars", "workers") if k in provider_kwargs}
             if provider is not None and provider_kwargs:
@@ -361,8 +361,8 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
             return cls(provider=provider, **client_kwargs)
         if from_hub:
             trust = bool(provider_kwargs.pop("trust_remote_code", False))
-            space = hub.sandboxed_space(
-                hub.repo_id_of(name_or_path), trust_remote_code=trust, isolation=isolation, **provider_kwargs
+            space = spaces.sandboxed_space(
+                spaces.repo_id_of(name_or_path), trust_remote_code=trust, isolation=isolation, **provider_kwargs
             )
             return cls(provider=space, **client_kwargs)
         from pathlib import Path
@@ -373,7 +373,7 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         if path.exists():
             project = str(path)
         else:
-            from ..auto.discovery import resolve_environment
+            from .discovery import resolve_environment
 
             project = str(resolve_environment(name_or_path).path)
         return cls(provider=SandboxProvider(project, isolation=isolation, **provider_kwargs), **client_kwargs)
