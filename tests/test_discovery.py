@@ -73,7 +73,7 @@ def test_an_unknown_name_is_not_told_to_install_a_directory_that_does_not_exist(
 
 
 def test_a_catalogue_environment_is_suggested_by_its_real_directory(monkeypatch: pytest.MonkeyPatch) -> None:
-    from openenv.auto import discovery
+    from openenv.core import discovery
 
     installed = discovery.discover_environments()
     monkeypatch.setattr(discovery, "discover_environments", lambda: {k: v for k, v in installed.items() if k != "maze"})

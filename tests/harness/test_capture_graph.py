@@ -1,8 +1,8 @@
 """The rollout graph: model calls linked by exact token prefix, and how an engine answer becomes a turn.
 
-Covers ``openenv.core.harness.capture.graph`` (TurnNode, RolloutGraph, TrainingSequence,
-node_from_exchange) and the engine-facing half of ``capture.upstream`` (prepare_request,
-normalize_response).
+Covers ``openenv.core.harness.capture.graph`` (TurnNode, RolloutGraph, TrainingSequence),
+``capture.ingest`` (node_from_exchange) and the engine-facing half of ``capture.upstream``
+(prepare_request, normalize_response).
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from openenv.core.harness.capture.graph import RolloutGraph, TurnNode, node_from_exchange
+from openenv.core.harness.capture.graph import RolloutGraph, TurnNode
+from openenv.core.harness.capture.ingest import node_from_exchange
 from openenv.core.harness.capture.upstream import NON_POLICY_SAMPLING, normalize_response, prepare_request
 
 

@@ -20,7 +20,8 @@ from openenv.core.harness.capture.export import (
     to_training_trace,
     to_turn_records,
 )
-from openenv.core.harness.capture.graph import RolloutGraph, TurnNode, node_from_exchange
+from openenv.core.harness.capture.graph import RolloutGraph, TurnNode
+from openenv.core.harness.capture.ingest import node_from_exchange
 from openenv.core.harness.capture.upstream import (
     NON_POLICY_SAMPLING,
     evaluation_sampling,

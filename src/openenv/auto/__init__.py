@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from .discovery import EnvInfo, discover_environments, normalize, resolve_environment
+from ..core.discovery import EnvInfo, discover_environments, normalize, resolve_environment
 
 __all__ = ["AutoAction", "AutoEnv", "EnvInfo", "discover_environments", "resolve_environment"]
 

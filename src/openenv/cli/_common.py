@@ -66,7 +66,7 @@ def load_package(path: Optional[str], *, by_name: bool = False) -> EnvManifest:
     as ``openenv list`` shows them."""
     directory = Path(path or ".").expanduser()
     if by_name and path and not (directory.exists() or directory.is_symlink()) and _is_name(path):
-        from openenv.auto.discovery import resolve_environment
+        from openenv.core.discovery import resolve_environment
 
         try:
             return resolve_environment(path).manifest

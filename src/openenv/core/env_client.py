@@ -35,10 +35,10 @@ import time
 import weakref
 from abc import ABC, abstractmethod
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Generic, List, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, FrozenSet, Generic, List, Optional, Tuple, TypeVar
 
 from .client_errors import EnvClientError, ServerStoppedError, SessionLostError, connect_failure, error_from_frame
-from .client_types import StepResult
+from .client_types import StepResult, Usage
 from .env_server.resume import (
     RESUME_HEADER,
     SEQ_KEY,
@@ -47,10 +47,9 @@ from .env_server.resume import (
     STOPPING_REASON,
     TOKEN_HEADER,
 )
+from .loop_thread import LoopThread
+from .sync_client import SyncEnvClient
 from .utils import Endpoint, check_unix_socket, parse_endpoint, timeout_after, within
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .sync_client import LoopThread, SyncEnvClient
 
 logger = logging.getLogger("openenv.client")
 
@@ -90,15 +89,6 @@ _TRANSITIONS: Dict[ClientState, FrozenSet[ClientState]] = {
     ClientState.CLOSING: frozenset({ClientState.CLOSED}),
     ClientState.CLOSED: frozenset({ClientState.OPEN, ClientState.CLOSING}),
 }
-
-
-class Usage(str, Enum):
-    """How a client is driven: decided by its first use (or ``async with`` / ``.sync()``), then
-    fixed; ``EnvClient._claim`` is the one move, from UNDECIDED."""
-
-    UNDECIDED = "undecided"
-    ASYNC = "async"
-    SYNC = "sync"
 
 
 def _resolve_mode(mode: Optional[str]) -> str:
@@ -248,8 +238,6 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
     def _runner(self) -> LoopThread:
         runner = self._loop_thread
         if runner is None:
-            from .sync_client import LoopThread
-
             with _RUNNER_LOCK:  # first sync calls from several threads: one loop thread
                 runner = self._loop_thread
                 if runner is None:
@@ -319,8 +307,6 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
     def sync(self) -> SyncEnvClient[ActT, ObsT, StateT]:
         """A blocking view of this client (cached)."""
         if self._sync_client is None:
-            from .sync_client import SyncEnvClient
-
             self._sync_client = SyncEnvClient(self)
         return self._sync_client
 
@@ -351,19 +337,19 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         ``provider`` (default: a :class:`~openenv.core.containers.runtime.LocalDockerProvider`);
         with ``use_docker=False`` its package is fetched from the Space's repository and served in
         the sandbox instead, which needs ``trust_remote_code=True`` or
-        ``OPENENV_TRUST_REMOTE_CODE=1`` (see :mod:`openenv.auto.hub`). Keyword arguments of the
+        ``OPENENV_TRUST_REMOTE_CODE=1`` (see :mod:`openenv.core.spaces`). Keyword arguments of the
         client's constructor go to the client; ``port``, ``env_vars`` and ``workers`` start the
         container; the rest go to the provider this makes (with ``provider`` given, they are a
         ``ValueError``). The result can be awaited (``client = await Env.from_env(...)``),
         entered (``async with`` / ``with``), or made blocking with ``.sync()``.
         """
-        from ..auto import hub
+        from . import spaces
         from .utils import hf_space_subdomain
 
         client_kwargs, provider_kwargs = split_client_kwargs(cls, kwargs)
-        from_hub = hub.is_hub_id(name_or_path)
+        from_hub = spaces.is_hub_id(name_or_path)
         if use_docker or (from_hub and use_docker is None):
-            repo_id = hub.repo_id_of(name_or_path) if from_hub else name_or_path
+            repo_id = spaces.repo_id_of(name_or_path) if from_hub else name_or_path
             image = f"registry.hf.space/{hf_space_subdomain(repo_id)}:{provider_kwargs.pop('tag', 'latest')}"
             start = {k: provider_kwargs.pop(k) for k in ("port", "env_vars", "workers") if k in provider_kwargs}
             if provider is not None and provider_kwargs:
@@ -375,8 +361,8 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
             return cls(provider=provider, **client_kwargs)
         if from_hub:
             trust = bool(provider_kwargs.pop("trust_remote_code", False))
-            space = hub.sandboxed_space(
-                hub.repo_id_of(name_or_path), trust_remote_code=trust, isolation=isolation, **provider_kwargs
+            space = spaces.sandboxed_space(
+                spaces.repo_id_of(name_or_path), trust_remote_code=trust, isolation=isolation, **provider_kwargs
             )
             return cls(provider=space, **client_kwargs)
         from pathlib import Path
@@ -387,7 +373,7 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         if path.exists():
             project = str(path)
         else:
-            from ..auto.discovery import resolve_environment
+            from .discovery import resolve_environment
 
             project = str(resolve_environment(name_or_path).path)
         return cls(provider=SandboxProvider(project, isolation=isolation, **provider_kwargs), **client_kwargs)

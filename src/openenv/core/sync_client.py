@@ -1,168 +1,73 @@
 """Synchronous use of an :class:`~openenv.core.env_client.EnvClient`.
 
 The async client does all the work on a private event loop that runs on a daemon thread
-(:class:`LoopThread`); sync calls submit coroutines to it and wait. Because that loop is not the
-caller's, this works the same from a plain script, from worker threads (calls are serialised)
-and from inside a running event loop such as a Jupyter cell, without deadlock.
+(:class:`~openenv.core.loop_thread.LoopThread`); sync calls submit coroutines to it and wait.
+Because that loop is not the caller's, this works the same from a plain script, from worker
+threads (calls are serialised) and from inside a running event loop such as a Jupyter cell,
+without deadlock.
+
+The async client makes this facade (``client.sync()``), so this module sits below
+:mod:`~openenv.core.env_client`: it names the client by what it calls (:class:`AsyncClient`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import inspect
-import threading
-from typing import TYPE_CHECKING, Any, Coroutine, Generic, Optional, TypeVar
+from typing import Any, Coroutine, Generic, Protocol, TypeVar
 
-from .env_client import Usage
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .client_types import StepResult
-    from .env_client import EnvClient
+from .client_types import StepResult, Usage
+from .loop_thread import LoopThread
 
 T = TypeVar("T")
 ActT = TypeVar("ActT")
 ObsT = TypeVar("ObsT")
 StateT = TypeVar("StateT")
 
-_START_TIMEOUT_S = 5.0
-_STOP_TIMEOUT_S = 5.0
-_DEL_JOIN_S = 1.0
 
+class AsyncClient(Protocol):
+    """What :class:`SyncEnvClient` drives: an :class:`~openenv.core.env_client.EnvClient`, seen
+    through the methods the facade calls (its loop, its claim on the usage, its coroutines)."""
 
-async def _cancel_others() -> None:
-    """Cancel every other task of the running loop and wait (briefly) for them to finish."""
-    this = asyncio.current_task()
-    others = [task for task in asyncio.all_tasks() if task is not this and not task.done()]
-    for task in others:
-        task.cancel()
-    if others:
-        await asyncio.wait(others, timeout=_STOP_TIMEOUT_S - 1)
+    def _claim(self, usage: Usage) -> None: ...
 
+    def _runner(self) -> LoopThread: ...
 
-def _wind_down(loop: asyncio.AbstractEventLoop) -> None:
-    """Cancel the tasks still pending on a stopped ``loop`` (a connection's keepalive, when the
-    client was dropped without a close) and let them finish before it closes: Python prints "Task
-    was destroyed but it is pending!" for each one left."""
-    try:
-        pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
-        for task in pending:
-            task.cancel()
-        if pending:
-            loop.run_until_complete(asyncio.wait(pending, timeout=_STOP_TIMEOUT_S))
-        loop.run_until_complete(loop.shutdown_asyncgens())
-    except Exception:  # (a task that would not end: closing the loop regardless)
-        pass
+    async def _connect_async(self) -> Any: ...
 
+    async def _disconnect_async(self) -> None: ...
 
-class LoopThread:
-    """An event loop running forever on its own daemon thread."""
+    async def _reset_async(self, **kwargs: Any) -> StepResult[Any]: ...
 
-    def __init__(self, name: str = "openenv-sync-client-loop") -> None:
-        self.name = name
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._thread: Optional[threading.Thread] = None
-        self._lock = threading.Lock()
-        self.stopped = False  # stop() was called: it does not start again
+    async def _step_async(self, action: Any, **kwargs: Any) -> StepResult[Any]: ...
 
-    def _ensure_started(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is not None and self._thread is not None and self._thread.is_alive():
-                return self._loop
-            if self.stopped:
-                raise RuntimeError("this client was closed (or the client whose session it shares was)")
-            loop = asyncio.new_event_loop()
-            ready = threading.Event()
+    async def _state_async(self) -> Any: ...
 
-            def serve() -> None:
-                asyncio.set_event_loop(loop)
-                loop.call_soon(ready.set)
-                try:
-                    loop.run_forever()
-                finally:
-                    _wind_down(loop)
-                    loop.close()
+    async def _new_session_async(self) -> Any: ...
 
-            thread = threading.Thread(target=serve, name=self.name, daemon=True)
-            thread.start()
-            if not ready.wait(_START_TIMEOUT_S):
-                raise RuntimeError(f"the client's event loop thread did not start within {_START_TIMEOUT_S:g} s")
-            self._loop, self._thread = loop, thread
-            return loop
+    def close(self) -> Any: ...
 
-    def in_loop_thread(self) -> bool:
-        return self._thread is not None and threading.current_thread() is self._thread
+    def _step_payload(self, action: Any) -> dict: ...
 
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run ``coro`` on the loop and wait for its result (Ctrl-C cancels it)."""
-        if self.in_loop_thread():
-            coro.close()
-            raise RuntimeError(
-                "a sync client call was made from its own event loop thread; await the async client instead"
-            )
-        loop = self._ensure_started()
-        future = asyncio.run_coroutine_threadsafe(coro, loop)
-        try:
-            return future.result()
-        except KeyboardInterrupt:
-            future.cancel()
-            raise
-        except concurrent.futures.CancelledError:
-            if self._loop is not loop:  # stop() ended it: the client was closed meanwhile
-                from .client_errors import SessionLostError
+    def _parse_result(self, payload: dict) -> StepResult[Any]: ...
 
-                raise SessionLostError("the client was closed (from another thread) while this call ran") from None
-            raise asyncio.CancelledError() from None
-
-    def stop(self) -> None:
-        """Cancel the calls still running on the loop (their callers get an error), then stop it."""
-        with self._lock:
-            loop, thread = self._loop, self._thread
-            self._loop = self._thread = None
-            self.stopped = True
-        if loop is None or thread is None:
-            return
-        on_loop_thread = threading.current_thread() is thread
-        if not on_loop_thread:
-            try:
-                asyncio.run_coroutine_threadsafe(_cancel_others(), loop).result(_STOP_TIMEOUT_S)
-            except RuntimeError:  # already closed
-                return
-            except Exception:  # the calls did not wind down in time: stop the loop regardless
-                pass
-        try:
-            loop.call_soon_threadsafe(loop.stop)
-        except RuntimeError:  # already closed
-            return
-        if not on_loop_thread:
-            thread.join(timeout=_STOP_TIMEOUT_S)
-
-    def __del__(self) -> None:
-        loop, thread = self._loop, self._thread
-        if loop is not None and not loop.is_closed():
-            try:
-                loop.call_soon_threadsafe(loop.stop)
-            except RuntimeError:
-                return
-            if thread is not None and thread is not threading.current_thread():
-                # (briefly: its wind-down ends the tasks left on the loop, before an exit can cut it short)
-                thread.join(_DEL_JOIN_S)
+    def _parse_state(self, payload: dict) -> Any: ...
 
 
 class SyncEnvClient(Generic[ActT, ObsT, StateT]):
-    """Blocking facade over an async :class:`EnvClient` (what ``client.sync()`` returns).
+    """Blocking facade over an async :class:`~openenv.core.env_client.EnvClient` (what ``client.sync()`` returns).
 
     Same methods as the async client, returning values instead of coroutines. Attributes it does
     not define are looked up on the async client; its coroutine methods (e.g. ``list_tools`` and
     ``call_tool`` of MCP clients) run on the private loop.
     """
 
-    def __init__(self, client: EnvClient[Any, Any, Any]) -> None:
+    def __init__(self, client: AsyncClient) -> None:
         self._client = client
         client._claim(Usage.SYNC)
 
     @property
-    def async_client(self) -> EnvClient[Any, Any, Any]:
+    def async_client(self) -> Any:
+        """The async client this wraps (an :class:`~openenv.core.env_client.EnvClient`)."""
         return self._client
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -226,3 +131,6 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._client!r})"
+
+
+__all__ = ["AsyncClient", "LoopThread", "SyncEnvClient"]

@@ -15,7 +15,8 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
-from openenv.core.sync_client import LoopThread, SyncEnvClient
+from openenv.core.loop_thread import LoopThread
+from openenv.core.sync_client import SyncEnvClient
 
 from .adapter import Decoder, is_url, reset_kwargs
 

@@ -39,7 +39,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..core.client_types import StepResult
 from ..core.env_client import EnvClient
-from ..core.sync_client import LoopThread
+from ..core.loop_thread import LoopThread
 from ..core.utils import prompt_seed
 
 __all__ = ["EnvRollout", "EnvironmentFactory", "env_reward", "observation_text", "prompt_seed", "require_trl"]

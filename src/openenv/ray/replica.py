@@ -28,7 +28,7 @@ def resolve_package(env: str) -> str:
     path = Path(env).expanduser()
     if path.exists():
         return str(path.resolve())
-    from openenv.auto.discovery import resolve_environment
+    from openenv.core.discovery import resolve_environment
 
     return str(resolve_environment(env).path)
 

@@ -21,8 +21,8 @@ from typing import Dict, List, Optional, Tuple
 
 import typer
 
-from openenv.auto.discovery import normalize
 from openenv.cli._common import CLIError, err, styled
+from openenv.core.discovery import normalize
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 TEMPLATE_SUFFIX = ".tmpl"

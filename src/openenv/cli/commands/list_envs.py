@@ -12,7 +12,7 @@ from openenv.cli._common import out, print_json, styled
 
 def installed() -> List[Dict[str, Any]]:
     """One record per installed environment package, sorted by name."""
-    from openenv.auto.discovery import discover_environments
+    from openenv.core.discovery import discover_environments
 
     rows = []
     for key, info in sorted(discover_environments().items()):

@@ -46,7 +46,7 @@ def missing_module_help(message: str, name: str, package_dir: Path) -> Optional[
     when a module is missing: the module, the requirement of the package that provides it and
     the command that installs it; None when the failure is something else, or the module is the
     package's own."""
-    from openenv.auto.hub import missing_requirements
+    from openenv.core.spaces import missing_requirements
 
     found = _NO_MODULE.search(message)
     if found is None:

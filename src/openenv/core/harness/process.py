@@ -458,7 +458,16 @@ class HarnessProcess:
             sandbox_environment,
             sandbox_uid,
         )
-        from openenv.core.tools import executor
+        from openenv.core.tools.sandbox import (
+            LAUNCHER,
+            close_all,
+            keyctl_number,
+            make_cgroup,
+            popen,
+            resolve_interpreter,
+            show_interpreter,
+            write_all,
+        )
 
         sandbox = self.sandbox
         assert sandbox is not None
@@ -494,14 +503,14 @@ class HarnessProcess:
 
         python = os.path.realpath(sys.executable)
         try:
-            interpreter = executor._interpreter(python, ())
+            interpreter = resolve_interpreter(python, ())
         except (IsolationError, ValueError) as exc:
             raise HarnessStartupError(f"the sandbox's relay cannot run on {python}: {exc}") from None
         cmd = BwrapCommand(bwrap, network=False, tmp_size_mb=limits.tmp_size_mb)
         cmd.tmpfs(CONTROL_DIR, size_mb=1, perms="0700")
-        cmd.ro_bind(executor._LAUNCHER, f"{CONTROL_DIR}/_launcher.py")
+        cmd.ro_bind(LAUNCHER, f"{CONTROL_DIR}/_launcher.py")
         cmd.ro_bind(_NETRELAY, f"{CONTROL_DIR}/netrelay.py")
-        executor._show_interpreter(cmd, interpreter, ())
+        show_interpreter(cmd, interpreter, ())
         shown = {interpreter.executable}
         for entry in sandbox.ro_paths:
             source, dest = entry if isinstance(entry, tuple) else (os.fspath(entry), None)  # type: ignore[misc]
@@ -528,7 +537,7 @@ class HarnessProcess:
         parent_fds: List[int] = []  # ours: closed when the start is over, whichever way
         pipes = self._pipes = _Pipes()
         try:
-            self._cgroup = executor._make_cgroup(limits)
+            self._cgroup = make_cgroup(limits)
             cgroup_fds = []
             for path in self._cgroup.dirs if self._cgroup is not None else []:
                 cgroup_fds.append(os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY))
@@ -559,13 +568,13 @@ class HarnessProcess:
                 # No address-space limit: Node reserves far more than it uses (WebAssembly's guard
                 # regions alone exceed any sensible one); memory is bounded by the cgroup instead.
                 "rlimits": [pair for pair in limits.rlimits() if pair[0] != resource.RLIMIT_AS],
-                "keyctl": executor._keyctl_number(),
+                "keyctl": keyctl_number(),
                 "cgroup_fds": cgroup_fds,
                 "services": services,
                 "max_connections": sandbox.max_connections,
             }
             try:
-                self._proc = executor._popen(  # on a long-lived thread: bwrap dies with the thread that forked it
+                self._proc = popen(  # on a long-lived thread: bwrap dies with the thread that forked it
                     argv,
                     **pipes.child_ends(),
                     pass_fds=child_fds,
@@ -576,20 +585,20 @@ class HarnessProcess:
             except OSError as exc:
                 raise HarnessStartupError(f"cannot start bubblewrap ({bwrap}): {exc}") from None
             finally:
-                executor.close_all(child_fds)
+                close_all(child_fds)
                 child_fds.clear()
             self._watch()
             self._read_init(info_r, deadline)
             try:
-                executor._write_all(config_w, json.dumps(config).encode())
+                write_all(config_w, json.dumps(config).encode())
             except BrokenPipeError:
                 pass  # the relay is gone: its status says why
             os.close(config_w)
             parent_fds.remove(config_w)
             self._await_status(status_r, deadline)
         finally:
-            executor.close_all(child_fds)
-            executor.close_all(parent_fds)
+            close_all(child_fds)
+            close_all(parent_fds)
 
     def _read_init(self, info_r: int, deadline: float) -> None:
         """Learn the sandbox's pid 1 from bwrap's ``--info-fd`` (nothing: bwrap failed)."""
@@ -962,7 +971,7 @@ def _read_words(path: str) -> List[str]:
 def _show_venv_python(cmd: Any, venv: str, shown: Set[str]) -> None:
     """Make the virtual environment ``venv`` runnable: its interpreter's standard library (not its
     site-packages) and each link on the way from ``bin/python*`` to the real binary."""
-    from openenv.core.tools import executor
+    from openenv.core.tools.sandbox import resolve_interpreter, show_interpreter
 
     bin_dir = os.path.join(venv, "bin")
     names = sorted(n for n in os.listdir(bin_dir) if n.startswith("python")) if os.path.isdir(bin_dir) else []
@@ -977,7 +986,7 @@ def _show_venv_python(cmd: Any, venv: str, shown: Set[str]) -> None:
     python = os.path.realpath(os.path.join(bin_dir, "python"))
     if python not in shown and os.path.isfile(python):
         try:
-            executor._show_interpreter(cmd, executor._interpreter(python, ()), ())
+            show_interpreter(cmd, resolve_interpreter(python, ()), ())
         except (ValueError, OSError, RuntimeError) as exc:
             raise HarnessStartupError(f"the virtual environment {venv} has no usable Python: {exc}") from None
         shown.add(python)

@@ -44,7 +44,17 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from openenv.core.containers.runtime.isolation import CgroupRoots, IsolationError, Limits
 
-from . import executor
+from .sandbox import (
+    START_WAIT_S,
+    LocalSandbox,
+    SandboxSpec,
+    checked_file_name,
+    checked_package_name,
+    close_all,
+    launch_error,
+    set_cgroup_parent,
+    write_all,
+)
 
 BROKER_FD_ENV = "OPENENV_SANDBOX_BROKER_FD"
 """The descriptor of a sandboxed server's connection to its broker (set by the server's start-up)."""
@@ -129,7 +139,7 @@ class BrokeredSandbox:
             memfd = os.memfd_create("openenv-run", os.MFD_CLOEXEC)
             mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             try:
-                executor._write_all(memfd, payload)
+                write_all(memfd, payload)
                 del payload
                 try:
                     socket.send_fds(_broker(), [b"run"], [memfd, theirs.fileno(), *import_fds])
@@ -140,7 +150,7 @@ class BrokeredSandbox:
                 os.close(memfd)
                 theirs.close()
         finally:
-            executor.close_all(import_fds)
+            close_all(import_fds)
         self.run_sock = mine
         self.exit_fd: Optional[int] = mine.fileno()
         try:
@@ -150,7 +160,7 @@ class BrokeredSandbox:
             raise
 
     def _receive_pipes(self) -> None:
-        self.run_sock.settimeout(executor._START_WAIT_S + 30.0)
+        self.run_sock.settimeout(START_WAIT_S + 30.0)
         try:
             data, fds, _flags, _addr = socket.recv_fds(self.run_sock, _MESSAGE, 8)
         except OSError as exc:
@@ -158,12 +168,12 @@ class BrokeredSandbox:
         self.run_sock.settimeout(None)
         reply = json.loads(data) if data else {"ok": False, "error": "the sandbox broker closed the run unanswered"}
         if not reply.get("ok"):
-            executor.close_all(fds)
+            close_all(fds)
             error = reply.get("error", "no reason given")
             raise (RunRefused if reply.get("refused") else IsolationError)(error)
         names = reply["fds"]
         if len(names) != len(fds):
-            executor.close_all(fds)
+            close_all(fds)
             raise IsolationError("the sandbox broker sent a malformed answer")
         for name, fd in zip(names, fds, strict=True):
             setattr(self, {"stdout": "_stdout", "stderr": "_stderr", "stdin": "_stdin"}.get(name, name), fd)
@@ -222,7 +232,7 @@ class BrokeredSandbox:
 
     def launch_error(self) -> Optional[str]:
         assert self.status_r is not None
-        return executor.launch_error(self.status_r)
+        return launch_error(self.status_r)
 
     def close(self) -> None:
         for name in ("status_r", "result_r", "request_w", "reply_r", "_stdout", "_stderr", "_stdin"):
@@ -265,7 +275,7 @@ class Broker:
         self.pythons = _allowed_pythons()
         self.runs: Dict[int, _Run] = {}
         self.lock = threading.Lock()
-        executor.set_cgroup_parent(cgroups)
+        set_cgroup_parent(cgroups)
 
     def serve(self, server_pid: int) -> int:
         """Serve until the server ``server_pid`` exits; end every run; its exit status."""
@@ -296,18 +306,18 @@ class Broker:
         if not data and not fds:
             return False
         if data != b"run" or len(fds) < 2:
-            executor.close_all(fds)
+            close_all(fds)
             return True
         memfd, run_fd, import_fds = fds[0], fds[1], fds[2:]
         try:
             run_sock = socket.socket(fileno=run_fd)
         except OSError:
-            executor.close_all(fds)
+            close_all(fds)
             return True
         with self.lock:
             busy = len(self.runs) >= MAX_RUNS
         if busy:
-            executor.close_all([memfd, *import_fds])
+            close_all([memfd, *import_fds])
             _answer(run_sock, {"ok": False, "refused": True, "error": f"this server already has {MAX_RUNS} runs going"})
             run_sock.close()
             return True
@@ -358,9 +368,9 @@ class Broker:
         if not _FILE_NAME.match(script_name):
             raise RunRefused(f"script name {script_name!r} is not a plain file name")
         packages = get.texts("packages")
-        for name in packages:  # where each is found, and whether it may be shown, the executor checks
+        for name in packages:  # where each is found, and whether it may be shown, LocalSandbox checks
             try:
-                executor.checked_package_name(name)
+                checked_package_name(name)
             except ValueError as exc:
                 raise RunRefused(str(exc)) from None
         import_paths = get.texts("import_paths")
@@ -372,7 +382,7 @@ class Broker:
             if not stat.S_ISDIR(os.fstat(fd).st_mode):
                 raise RunRefused(f"import path {path!r} is not an open directory")
         has_tree = get.flag("tree")
-        spec = executor._Spec(
+        spec = SandboxSpec(
             argv=get.texts("argv"),
             isolation="sandbox",
             limits=checked_limits,
@@ -465,12 +475,12 @@ def _strings(mapping: Dict[str, Any], what: str) -> Dict[str, str]:
 
 
 def _files(mapping: Dict[str, Any]) -> Dict[str, Any]:
-    """The run's files as sent (text, or ``{"b64": ...}``), names checked as the executor checks them."""
+    """The run's files as sent (text, or ``{"b64": ...}``), names checked as a local run checks them."""
     checked: Dict[str, Any] = {}
     for name, content in mapping.items():
         if not (isinstance(content, str) or (isinstance(content, dict) and isinstance(content.get("b64"), str))):
             raise RunRefused(f"the content of file {name!r} is neither text nor base64")
-        checked[executor.checked_file_name(name)] = content if isinstance(content, str) else {"b64": content["b64"]}
+        checked[checked_file_name(name)] = content if isinstance(content, str) else {"b64": content["b64"]}
     return checked
 
 
@@ -492,7 +502,7 @@ class _Run(threading.Thread):
     def __init__(self, broker: Broker, memfd: int, run_sock: socket.socket, import_fds: List[int]) -> None:
         super().__init__(name="openenv-broker-run", daemon=True)
         self.broker, self.memfd, self.run_sock, self.import_fds = broker, memfd, run_sock, import_fds
-        self.sandbox: Optional[executor._Sandbox] = None
+        self.sandbox: Optional[LocalSandbox] = None
         self.lock = threading.Lock()
         self.ended = False
 
@@ -511,15 +521,15 @@ class _Run(threading.Thread):
             spec = self.broker.spec(self.memfd, self.import_fds)
             os.close(self.memfd)
             self.memfd = -1
-            sandbox = executor._Sandbox(spec)
-        except ValueError as exc:  # RunRefused, or what the executor refuses (a package not found)
+            sandbox = LocalSandbox(spec)
+        except ValueError as exc:  # RunRefused, or what LocalSandbox refuses (a package not found)
             _answer(self.run_sock, {"ok": False, "refused": True, "error": str(exc)})
             return
         except Exception as exc:
             _answer(self.run_sock, {"ok": False, "error": f"{exc}"})
             return
         finally:
-            executor.close_all([fd for fd in (self.memfd, *self.import_fds) if fd >= 0])
+            close_all([fd for fd in (self.memfd, *self.import_fds) if fd >= 0])
             self.memfd, self.import_fds = -1, []
         with self.lock:
             self.sandbox = sandbox

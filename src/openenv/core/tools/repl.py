@@ -27,15 +27,13 @@ from .executor import (
     Isolation,
     _append_note,
     _check_isolation,
-    _encode_files,
     _names,
     _Output,
-    _Sandbox,
-    _Spec,
     _Streams,
     _timeout_note,
     new_sandbox,
 )
+from .sandbox import LocalSandbox, SandboxSpec, encode_files
 
 REPL_LIMITS = replace(CODE_LIMITS, cpu_seconds=None)
 """Default limits of a REPL's worker: :data:`CODE_LIMITS` without a CPU-time limit (the worker
@@ -111,13 +109,13 @@ class PythonREPL:
         import_paths: Sequence[str] = (),
     ) -> None:
         _check_isolation(isolation)
-        self._spec = _Spec(
+        self._spec = SandboxSpec(
             argv=["{python}", "{worker}", "{request}", "{reply}"],
             isolation=isolation,
             limits=limits or REPL_LIMITS,
             network=network,
             python=python,
-            files=_encode_files(files),
+            files=encode_files(files),
             env=dict(env or {}),
             channels=True,
             packages=_names(packages),
@@ -125,7 +123,7 @@ class PythonREPL:
         )
         self.start_timeout_s = start_timeout_s
         self._lock = threading.Lock()
-        self._sandbox: Optional[_Sandbox] = None
+        self._sandbox: Optional[LocalSandbox] = None
         self._streams: Optional[_Streams] = None
         self._finalizer: Optional[weakref.finalize] = None
         self._capture = _Capture(max_output_bytes)
@@ -290,7 +288,7 @@ class PythonREPL:
         return CodeExecResult(stdout=self._capture.stdout.text(), stderr=stderr, exit_code=exit_code)
 
 
-def _shutdown(sandbox: _Sandbox, streams: _Streams) -> None:
+def _shutdown(sandbox: LocalSandbox, streams: _Streams) -> None:
     try:
         sandbox.kill()
     finally:

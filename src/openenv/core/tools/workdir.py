@@ -39,8 +39,8 @@ from .executor import (
     _names,
     _one_shot_limits,
     _shell,
-    _Spec,
 )
+from .sandbox import SandboxSpec
 
 DEFAULT_MAX_DIRECTORY_BYTES = 32 * 1024 * 1024
 DEFAULT_MAX_ENTRIES = 100_000
@@ -96,7 +96,7 @@ def run_shell_in_directory(
         raise ValueError(f"timeout_s must be positive, not {timeout_s}")
     root = os.path.realpath(directory)
     packed, _skipped = _tree.pack(root, max_bytes, max_entries)
-    spec = _Spec(
+    spec = SandboxSpec(
         argv=[_shell(), "{control}/main.sh"],
         isolation=isolation,
         limits=_one_shot_limits(limits, timeout_s),

@@ -104,8 +104,9 @@ def brokered(code: str, spec_limits=None, **overrides):
     """Run ``code`` through this server's sandbox broker with the description forged by ``overrides``
     (any field, extra ones included): what the code printed and its exit code, or the refusal."""
     from openenv.core.tools import broker, executor
+    from openenv.core.tools.sandbox import SandboxSpec
 
-    spec = executor._Spec(
+    spec = SandboxSpec(
         argv=["{python}", "{control}/main.py"],
         isolation="sandbox",
         limits=spec_limits or executor.CODE_LIMITS,

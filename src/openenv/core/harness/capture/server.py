@@ -37,7 +37,6 @@ from openenv.core.harness.capture import upstream as policy
 from openenv.core.harness.capture.dialects import APIType, DialectError, detect, dialect_for
 from openenv.core.harness.capture.dialects import count_tokens_reply as _count_tokens_reply
 from openenv.core.harness.capture.export import export_session, to_trace_entries, to_training_trace
-from openenv.core.harness.capture.graph import node_from_exchange
 from openenv.core.harness.capture.inference import (
     InferenceClient,
     UpstreamError,
@@ -45,6 +44,7 @@ from openenv.core.harness.capture.inference import (
     UpstreamTimeoutError,
     is_context_length_error,
 )
+from openenv.core.harness.capture.ingest import node_from_exchange
 from openenv.core.harness.capture.listen import ADMIN_KEY_FILE, listen_socket, loopback, resolve_admin_key
 from openenv.core.harness.capture.sessions import (
     RESERVED_METADATA,
