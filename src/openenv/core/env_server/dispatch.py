@@ -114,22 +114,28 @@ class Dispatcher:
 
     # --- the one entry -------------------------------------------------------------------------
 
-    async def run(self, call: Call, own: Optional[Session] = None) -> Any:
-        """The answer to ``call``; ``own`` is the session of the connection it came through."""
+    def run(self, call: Call, own: Optional[Session] = None) -> Awaitable[Any]:
+        """The answer to ``call`` (to await); ``own`` is the session of the connection it came
+        through. A session named by an id that finds none raises here, before any await. (Not a
+        coroutine itself: a step on a connection's own session awaits the session manager's call
+        directly, with no frame of the dispatcher's between, as before there was one.)"""
         op = call.op
         if op not in _ON_ENVIRONMENT:
-            return await self._session_op(call, own)
+            return self._session_op(call, own)
         run = self._ops[op]
         session = own if own is not None else self.session_named(call.session_id) if call.session_id else None
         if session is None:
-            async with self.manager.temporary() as temporary:
-                return await run(temporary, call.payload)
+            return self._on_temporary(run, call.payload)
         if call.seq is None:
-            return await run(session, call.payload)
+            return run(session, call.payload)
         record = session.resume
         if record is None:  # numbered calls on a session made without one (HTTP's X-OpenEnv-Seq)
             record = session.resume = Resume(session_id=session.id)
-        return await record.once(call.seq, lambda: run(session, call.payload))
+        return record.once(call.seq, lambda: run(session, call.payload))
+
+    async def _on_temporary(self, run: Callable[[Session, Any], Awaitable[Any]], payload: Any) -> Any:
+        async with self.manager.temporary() as temporary:
+            return await run(temporary, payload)
 
     def session_named(self, session_id: str) -> Session:
         """The session a call names by id (:meth:`.sessions.SessionManager.get`: never another
