@@ -41,6 +41,7 @@ TESTS=(
     tests/test_resume.py
     tests/test_mcp_context.py
     tests/test_session_reach.py
+    tests/test_dispatch.py
     tests/security/test_served_any_way.py
 )
 
