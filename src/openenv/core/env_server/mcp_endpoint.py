@@ -105,7 +105,6 @@ class MCPProtocol:
 
     def __init__(self, dispatcher: Dispatcher, server_name: str) -> None:
         self.dispatcher = dispatcher
-        self.manager = dispatcher.manager
         self.server_name = server_name
 
     async def respond(

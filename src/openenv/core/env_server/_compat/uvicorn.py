@@ -56,7 +56,7 @@ no time limit while a request head (or a handshake) arrives, so a client sending
 then holds a connection for ever, and its ``limit_concurrency`` is server-wide and acts only once a
 head is complete. The guard refuses a connection (``503``, ``connection: close``) when its client
 address has ``max_connections_per_client`` open already (loopback and Unix-socket peers share the
-address :data:`LOCAL`, capped by ``max_local``, none by default: they are the trainer's own
+address :data:`~..limits.LOCAL`, capped by ``max_local``, none by default: they are the trainer's own
 rollouts, and whatever a forwarder in front relays, which it must bound itself); and it closes a
 connection that spends ``header_timeout_s`` without a request under way (:class:`GuardedApp` tells
 it): from its accept to its first request reaching the app, and from the end of each HTTP request
