@@ -108,7 +108,7 @@ async def test_an_mcp_frame_on_ws_with_its_number_runs_once() -> None:
             assert manager.sessions()[session_id].env.calls == 1
 
 
-TRANSPORTS = ("ws_endpoint.py", "http_server.py", "mcp_endpoint.py", "web/__init__.py")
+TRANSPORTS = ("transports/ws.py", "http_server.py", "transports/mcp.py", "web/__init__.py")
 ONE_PLACE = {"once": "numbered calls answered once", "get": "a session looked up by id",
              "temporary": "a throw-away session"}  # fmt: skip
 

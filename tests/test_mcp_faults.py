@@ -202,7 +202,7 @@ async def test_the_official_mcp_sdk_calls_tools_of_an_environment_answering_them
 
 @pytest.mark.parametrize(("requested", "answered"), [("2025-06-18", "2025-06-18"), ("1999-01-01", None), (7, None)])
 def test_initialize_answers_a_supported_protocol_version(http, requested, answered):
-    from openenv.core.env_server.mcp_endpoint import LATEST_PROTOCOL_VERSION
+    from openenv.core.env_server.transports.mcp import LATEST_PROTOCOL_VERSION
 
     body = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": requested}}
     response = http.post("/mcp", json=body)

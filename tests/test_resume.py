@@ -101,7 +101,7 @@ async def test_a_client_that_closes_while_its_call_runs_ends_the_session_at_once
     grace period (60 s) holding its slot for a resume that will never come. With the step past
     WATCH_AFTER_S a watcher reads the close; without one the server reads it after the failed send."""
     if not watched:
-        monkeypatch.setattr("openenv.core.env_server.ws_endpoint.WATCH_AFTER_S", 30.0)
+        monkeypatch.setattr("openenv.core.env_server.transports.ws.WATCH_AFTER_S", 30.0)
     with serve(counter_app()) as server:
         manager = manager_of(server)
         assert manager.resume_grace_s == 60

@@ -107,7 +107,7 @@ async def test_frames_read_ahead_during_a_long_step_are_bounded_in_size_and_all_
     """A client may send more frames while a step runs; the server reads some ahead (to notice the
     client leaving) but holds at most PIPELINE_MAX_CHARS of them plus one, not PIPELINE_DEPTH frames
     of up to the message limit each, and answers every frame in order once the step is done."""
-    from openenv.core.env_server.ws_endpoint import PIPELINE_DEPTH, PIPELINE_MAX_CHARS
+    from openenv.core.env_server.transports.ws import PIPELINE_DEPTH, PIPELINE_MAX_CHARS
 
     pad = "x" * (PIPELINE_MAX_CHARS // 3 + 1)  # three frames reach the bound
     frames = 8
@@ -131,7 +131,7 @@ async def test_frames_read_ahead_during_a_long_step_are_bounded_in_size_and_all_
 
 
 async def test_binary_frames_read_ahead_during_a_long_step_are_not_kept():
-    from openenv.core.env_server.ws_endpoint import WSConnection
+    from openenv.core.env_server.transports.ws import WSConnection
 
     kept = []
     original = WSConnection._admit

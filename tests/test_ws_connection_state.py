@@ -1,4 +1,4 @@
-"""The ``/ws`` connection's state (ws_endpoint.ConnectionState) on a live server: the moves a
+"""The ``/ws`` connection's state (transports.ws.ConnectionState) on a live server: the moves a
 connection makes for each way it can end, and that an invalid move is refused."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any, List
 
 import pytest
 
-from openenv.core.env_server import ws_endpoint
-from openenv.core.env_server.ws_endpoint import ConnectionState, WSConnection
+from openenv.core.env_server.transports import ws as ws_transport
+from openenv.core.env_server.transports.ws import ConnectionState, WSConnection
 
 from .conftest import connect, counter_app, serve
 
@@ -71,7 +71,7 @@ async def test_a_client_that_leaves_mid_step_is_gone_then_closed(moves) -> None:
         ws = await connect(ws_url(server))
         await ask(ws, {"type": "reset", "data": {}})
         await ws.send(json.dumps({"type": "step", "data": {"sleep_s": 0.5}}))
-        await asyncio.sleep(ws_endpoint.WATCH_AFTER_S * 3)  # the step runs: the watcher reads
+        await asyncio.sleep(ws_transport.WATCH_AFTER_S * 3)  # the step runs: the watcher reads
         await ws.close()
         await until(lambda: any(m[-1] is S.CLOSED for m in moves.values()))
     assert list(moves.values()) == [[S.OPEN, S.GONE, S.CLOSED]]

@@ -4,9 +4,9 @@ A transport is a codec around it. It decodes what arrived into a :class:`Call` (
 session the call names, its sequence number, its payload), hands it to :meth:`Dispatcher.run`
 with the session its connection owns if it has one, and encodes what comes back, or renders the
 exception raised by its one renderer of the error table (:mod:`.exceptions`). The transports are
-``/ws`` and ``WS /mcp`` (:mod:`.ws_endpoint`), HTTP ``/reset``, ``/step``, ``/state`` and the Task
+``/ws`` and ``WS /mcp`` (:mod:`.transports.ws`), HTTP ``/reset``, ``/step``, ``/state`` and the Task
 API (:mod:`.http_server`), JSON-RPC over ``POST /mcp`` and inside ``/ws`` frames
-(:mod:`.mcp_endpoint`), and the web playground (:mod:`.web`). The dispatcher alone decides:
+(:mod:`.transports.mcp`), and the web playground (:mod:`.web`). The dispatcher alone decides:
 
 * **which session** a call runs on: the connection's own (``own``); else the one it names by id,
   which finds only sessions made to be shared so (:meth:`.sessions.SessionManager.get`); else,

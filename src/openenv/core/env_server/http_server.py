@@ -34,11 +34,12 @@ from .dispatch import Call, Dispatcher, Op
 from .exceptions import EnvironmentCallError, EnvironmentResultError, TaskRefusedError
 from .interfaces import Environment, EnvironmentHost
 from .limits import InFlightBudget
-from .mcp_endpoint import MCPProtocol
 from .middleware import BearerAuth, BodyLimits, ErrorDetailsScope, SameOrigin, TransportLimits, http_error
 from .serialization import deserialize_action, serialize_observation, to_json_bytes, to_jsonable
 from .sessions import Session, SessionManager
 from .settings import ServerOptions, ServerSettings, check_argument
+from .transports.mcp import MCPProtocol
+from .transports.ws import WebSocketRoutes, WSContext
 from .types import (
     Action,
     ConcurrencyConfig,
@@ -59,7 +60,6 @@ from .types import (
     StepRequest,
     StepResponse,
 )
-from .ws_endpoint import WebSocketRoutes, WSContext
 
 logger = logging.getLogger("openenv.server")
 

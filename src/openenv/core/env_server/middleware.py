@@ -2,7 +2,7 @@
 
 From the outside in (see :meth:`.http_server.HTTPEnvServer.register_routes`): :class:`TransportLimits`
 (the runner's limits on a server started otherwise), :class:`ErrorDetailsScope`
-(:mod:`.error_details`), :class:`SameOrigin` (other sites' pages), :class:`BearerAuth` (:mod:`.auth`), :class:`.ws_endpoint.WebSocketRoutes` (which
+(:mod:`.error_details`), :class:`SameOrigin` (other sites' pages), :class:`BearerAuth` (:mod:`.auth`), :class:`.transports.ws.WebSocketRoutes` (which
 serves ``/ws`` itself) and :class:`BodyLimits`, which bounds HTTP request bodies before any route
 reads them. Each answers what it refuses by the error table of :mod:`.exceptions` (JSON-RPC errors on
 ``/mcp``, ``{"detail", "code"}`` elsewhere) and passes everything else through untouched.

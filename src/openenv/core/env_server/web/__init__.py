@@ -58,10 +58,10 @@ from fastapi.responses import RedirectResponse, Response
 from .. import error_details
 from ..dispatch import Call, Op
 from ..exceptions import EnvironmentResultError, InvalidJsonError, SessionNotFoundError
-from ..mcp_endpoint import rpc_error
 from ..middleware import http_error
 from ..serialization import deserialize_action, parse_json, serialize_observation, to_json_bytes, to_jsonable
 from ..sessions import Session
+from ..transports.mcp import rpc_error
 from ..types import ResetRequest, StepRequest
 from .shared import WebInterfaceManager
 

@@ -1,9 +1,9 @@
 """MCP's JSON-RPC: ``POST``/``DELETE /mcp``, ``WS /mcp`` frames and ``{"type": "mcp"}`` frames on ``/ws``.
 
-A codec around the one dispatch (:mod:`.dispatch`): one parse (:func:`parse_request`), one
+A codec around the one dispatch (:mod:`..dispatch`): one parse (:func:`parse_request`), one
 mapping of methods to calls (:class:`MCPProtocol`) and one error renderer (:func:`rpc_error`, by
-the table of :mod:`.exceptions`). The sockets (``WS /mcp`` and ``/ws``) are served by
-:mod:`.ws_endpoint`, which hands each JSON-RPC message here (:meth:`MCPProtocol.answer`).
+the table of :mod:`..exceptions`). The sockets (``WS /mcp`` and ``/ws``) are served by
+:mod:`.ws`, which hands each JSON-RPC message here (:meth:`MCPProtocol.answer`).
 
 Methods: ``tools/list`` and ``tools/call``; OpenEnv's ``openenv/session/create`` and
 ``openenv/session/close``; and the MCP lifecycle (``initialize``, ``ping``, ``notifications/*``)
@@ -26,10 +26,10 @@ import pydantic
 from starlette.requests import Request
 from starlette.responses import Response
 
-from . import error_details, resume
-from .dispatch import Call, Dispatcher, Op
-from .exceptions import EXECUTION, OpenEnvError, SessionNotFoundError, kind_of
-from .mcp_types import (
+from .. import error_details, resume
+from ..dispatch import Call, Dispatcher, Op
+from ..exceptions import EXECUTION, OpenEnvError, SessionNotFoundError, kind_of
+from ..mcp_types import (
     JsonRpcErrorCode,
     JsonRpcRequest,
     JsonRpcResponse,
@@ -37,8 +37,8 @@ from .mcp_types import (
     ToolErrorType,
     request_id_of,
 )
-from .serialization import dumps_json, parse_json
-from .sessions import Session
+from ..serialization import dumps_json, parse_json
+from ..sessions import Session
 
 logger = logging.getLogger("openenv.server")
 
@@ -59,10 +59,10 @@ class _RpcError(Exception):
 
 
 def rpc_error(exc: BaseException, request_id: Any = None, what: str = "MCP request failed") -> JsonRpcResponse:
-    """The JSON-RPC error answering ``exc``, by the table of :mod:`.exceptions`: an OpenEnv error
+    """The JSON-RPC error answering ``exc``, by the table of :mod:`..exceptions`: an OpenEnv error
     with its code, message and, where it has details (a timeout's ``timeout_s``, capacity's
     counts), ``data`` holding them and its ``/ws`` code; anything else as an internal error,
-    worded by :func:`.error_details.describe`."""
+    worded by :func:`..error_details.describe`."""
     if isinstance(exc, _RpcError):
         return JsonRpcResponse.error_response(*exc.args, request_id=request_id)
     kind = kind_of(exc)
@@ -101,7 +101,7 @@ def _rpc_reply(response: JsonRpcResponse, status: int = 200, headers: Optional[D
 
 
 class MCPProtocol:
-    """MCP's JSON-RPC around the :class:`~.dispatch.Dispatcher`: requests in, responses out."""
+    """MCP's JSON-RPC around the :class:`~..dispatch.Dispatcher`: requests in, responses out."""
 
     def __init__(self, dispatcher: Dispatcher, server_name: str) -> None:
         self.dispatcher = dispatcher

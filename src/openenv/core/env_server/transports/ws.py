@@ -2,11 +2,11 @@
 each, one session per connection.
 
 Both are served by :class:`WSConnection`, which owns what belongs to a socket: the handshake, the
-session it opens, attaches to (``?session_id=``) or resumes (:mod:`.resume`), noticing a client
+session it opens, attaches to (``?session_id=``) or resumes (:mod:`..resume`), noticing a client
 that leaves, and the close. What a text frame means is its route's :class:`WSProtocol`:
 :class:`SessionFrames` for ``/ws`` (JSON objects ``{"type": ..., "data": ...}``, the spec's
 section 4) and :class:`MCPFrames` for ``WS /mcp`` (one JSON-RPC message per frame, answered by
-:mod:`.mcp_endpoint`); each decodes a frame into a call for the one dispatch (:mod:`.dispatch`)
+:mod:`.mcp`); each decodes a frame into a call for the one dispatch (:mod:`..dispatch`)
 and encodes its answer. A bad frame of any kind (not JSON, not an object, binary, too large,
 unknown type, invalid action) gets an error answer and the connection goes on.
 
@@ -15,8 +15,8 @@ the call is cancelled (a sync one finishes in its worker, then its environment i
 session's slot is freed; but on a resumable connection the call runs to its end and its answer
 waits, with the session, for the client to resume. A frame may carry its call's number (``"seq"``
 beside the frame's own keys) once the handshake granted a resume. A server that stops on purpose
-closes its connections with :data:`.resume.STOPPING_CLOSE_CODE` and :data:`.resume.STOPPING_REASON`
-(:meth:`WSContext.stopping`, and the protocol of :mod:`._compat.uvicorn`): their sessions end, and
+closes its connections with :data:`..resume.STOPPING_CLOSE_CODE` and :data:`..resume.STOPPING_REASON`
+(:meth:`WSContext.stopping`, and the protocol of :mod:`.._compat.uvicorn`): their sessions end, and
 clients are not left trying to resume them.
 """
 
@@ -34,13 +34,12 @@ from typing import Any, Deque, Dict, FrozenSet, Optional, Sequence, Set
 import pydantic
 from starlette.routing import Match
 
-from . import resume
-from .dispatch import Call, Dispatcher, Op
-from .exceptions import MessageTooLargeError, OpenEnvError, kind_of
-from .mcp_endpoint import BINARY_FRAME, MCPProtocol, rpc_error
-from .mcp_types import JsonRpcErrorCode, JsonRpcResponse, WSMCPMessage
-from .middleware import refuse_handshake, route_path
-from .serialization import (
+from .. import resume
+from ..dispatch import Call, Dispatcher, Op
+from ..exceptions import MessageTooLargeError, OpenEnvError, kind_of
+from ..mcp_types import JsonRpcErrorCode, JsonRpcResponse, WSMCPMessage
+from ..middleware import refuse_handshake, route_path
+from ..serialization import (
     WS_ENVELOPE_KEYS,
     deserialize_action,
     dumps_json,
@@ -49,8 +48,9 @@ from .serialization import (
     observation_message_json,
     parse_json,
 )
-from .sessions import Session, SessionKind, SessionState
-from .types import ResetRequest, WSErrorCode, WSResetMessage, WSStateMessage, WSStepMessage
+from ..sessions import Session, SessionKind, SessionState
+from ..types import ResetRequest, WSErrorCode, WSResetMessage, WSStateMessage, WSStepMessage
+from .mcp import BINARY_FRAME, MCPProtocol, rpc_error
 
 PIPELINE_DEPTH = 16
 """Frames a watcher reads ahead while a step runs; beyond that TCP backpressure applies."""
