@@ -234,7 +234,7 @@ def test_a_refused_token_on_a_path_with_no_route_is_still_a_401() -> None:
         assert asyncio.run(attempt()) == 401
 
 
-# --- pages of other sites (middleware.SameOrigin) --------------------------------------------------
+# --- pages of other sites (edges.middleware.SameOrigin) --------------------------------------------
 
 EVIL = "http://evil.example"
 
@@ -288,7 +288,7 @@ def test_behind_a_proxy_the_pages_own_origin_is_the_forwarded_host(monkeypatch) 
         assert httpx.post(server.base_url + "/reset", json={}, headers=proxied).status_code == 200
 
 
-# --- names the server is not known by (DNS rebinding; middleware.SameOrigin) ------------------------
+# --- names the server is not known by (DNS rebinding; edges.middleware.SameOrigin) ------------------
 
 REBOUND = "rebind.example"
 

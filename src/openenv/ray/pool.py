@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Optional, Union
 
 import httpx
 
-from openenv.core.env_server.auth import ENV_VAR as TOKEN_ENV_VAR
+from openenv.core.env_server.edges.auth import ENV_VAR as TOKEN_ENV_VAR
 from openenv.core.generic_client import GenericEnvClient
 from openenv.core.rollout import Policy, RolloutResult, rollout
 

@@ -3,7 +3,7 @@
 Every OpenEnv error type carries an :class:`ErrorKind` (the table below): its ``/ws`` error code, its
 HTTP status, its JSON-RPC code and, when it ends a WebSocket before a session exists, the close code.
 Each transport has one renderer that reads it (:func:`kind_of` for any exception): the ``/ws`` error
-frame (:func:`.serialization.error_frame_of`), the HTTP JSON error (:func:`.middleware.http_error`,
+frame (:func:`.serialization.error_frame_of`), the HTTP JSON error (:func:`.edges.middleware.http_error`,
 also the playground's) and the JSON-RPC error (:func:`.transports.mcp.rpc_error`, also ``WS /mcp``'s). ``details()`` are the extra fields an answer carries (``timeout_s``,
 ``max_sessions``, ...): in the ``/ws`` frame's ``data`` and the JSON-RPC error's ``data``.
 """

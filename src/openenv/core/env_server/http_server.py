@@ -28,13 +28,14 @@ from fastapi.responses import JSONResponse, Response
 from typing_extensions import Unpack
 
 from ..utils import tuned_gc
-from . import auth, resume
+from . import resume
 from ._compat.openenv import UpstreamServerNames
 from .dispatch import Call, Dispatcher, Op
+from .edges import auth
+from .edges.middleware import BearerAuth, BodyLimits, ErrorDetailsScope, SameOrigin, TransportLimits, http_error
 from .exceptions import EnvironmentCallError, EnvironmentResultError, TaskRefusedError
 from .interfaces import Environment, EnvironmentHost
 from .limits import InFlightBudget
-from .middleware import BearerAuth, BodyLimits, ErrorDetailsScope, SameOrigin, TransportLimits, http_error
 from .serialization import deserialize_action, serialize_observation, to_json_bytes, to_jsonable
 from .sessions import Session, SessionManager
 from .settings import ServerOptions, ServerSettings, check_argument
@@ -285,7 +286,7 @@ class HTTPEnvServer(UpstreamServerNames):
             Playground(self).register(app)
             open_paths = open_paths | PAGE_PATHS
         app.add_exception_handler(RequestValidationError, _request_validation_error)  # type: ignore[arg-type]
-        # The edges (see .middleware), innermost first: Starlette wraps each added one around the previous.
+        # The edges (see .edges.middleware), innermost first: Starlette wraps each added one around the previous.
         app.add_middleware(BodyLimits, limit=self.settings.limits.max_message_bytes, budget=self.budget)
         app.add_middleware(WebSocketRoutes, context=self.ws_context, routes=app.router.routes)
         if self.auth_token is not None:

@@ -23,7 +23,7 @@ variable                                default     meaning
 ``OPENENV_ALLOWED_ORIGINS``             none        pages of other sites allowed to open ``/ws`` and send
                                                     POSTs (comma-separated ``scheme://host[:port]``, or
                                                     ``*``: any); a browser's page of this server's own
-                                                    origin always may (see :class:`.middleware.SameOrigin`)
+                                                    origin always may (see :class:`.edges.middleware.SameOrigin`)
 ``OPENENV_ALLOWED_HOSTS``               none        names, beyond ``localhost`` and IP addresses, by which
                                                     browsers may reach this server (comma-separated
                                                     ``host.example.org``; ``.example.org``: it and every

@@ -36,9 +36,9 @@ from starlette.routing import Match
 
 from .. import resume
 from ..dispatch import Call, Dispatcher, Op
+from ..edges.middleware import refuse_handshake, route_path
 from ..exceptions import MessageTooLargeError, OpenEnvError, kind_of
 from ..mcp_types import JsonRpcErrorCode, JsonRpcResponse, WSMCPMessage
-from ..middleware import refuse_handshake, route_path
 from ..serialization import (
     WS_ENVELOPE_KEYS,
     deserialize_action,

@@ -11,7 +11,7 @@ step, nothing loaded from elsewhere, so it works offline) talking to the routes 
 ``pagehide``) or once idle for ``session_timeout`` seconds. The page names its session in the
 ``X-OpenEnv-Session`` header (never in a URL); two visitors never share an environment.
 
-**The token.** With an access token (:mod:`..auth`), only the page's own three files are served
+**The token.** With an access token (:mod:`..edges.auth`), only the page's own three files are served
 without it (a browser cannot add a header to a page it navigates to; they hold no data): the page
 asks for the token once, keeps it in the tab's ``sessionStorage`` and sends it as
 ``Authorization: Bearer`` with every call. Every route below is behind the token and the limits
@@ -57,8 +57,8 @@ from fastapi.responses import RedirectResponse, Response
 
 from .. import error_details
 from ..dispatch import Call, Op
+from ..edges.middleware import http_error
 from ..exceptions import EnvironmentResultError, InvalidJsonError, SessionNotFoundError
-from ..middleware import http_error
 from ..serialization import deserialize_action, parse_json, serialize_observation, to_json_bytes, to_jsonable
 from ..sessions import Session
 from ..transports.mcp import rpc_error

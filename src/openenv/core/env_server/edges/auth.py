@@ -1,13 +1,13 @@
 """A bearer token in front of every route but ``/health`` (spec §14.16: upstream has no auth).
 
 Off unless asked for: ``$OPENENV_AUTH_TOKEN`` or, when that is not set,
-``create_app(..., auth_token=...)`` (see :mod:`.settings`). Then every
+``create_app(..., auth_token=...)`` (see :mod:`..settings`). Then every
 HTTP request and WebSocket handshake must carry ``Authorization: Bearer <token>``; anything else
 is answered 401 (``{"detail", "code": "UNAUTHORIZED"}``, ``WWW-Authenticate: Bearer``, and the
 connection closed) before a route runs, a body is read or a session is made. A WebSocket is
 refused during its handshake, so the client sees the 401 too. ``GET /health`` stays open for
 load balancers and health polls, and so do the web playground's own files (its HTML, CSS and
-JavaScript, see :mod:`.web`), where it is served: a browser cannot add a header to a page it
+JavaScript, see :mod:`..web`), where it is served: a browser cannot add a header to a page it
 navigates to. The page asks for the token and sends it as this header with every call it makes.
 
 Clients send the token as a header: ``EnvClient(base_url, headers={"Authorization": "Bearer
@@ -30,7 +30,7 @@ _HINT = 'make one with: python -c "import secrets; print(secrets.token_urlsafe(3
 
 def checked_token(token: Optional[str]) -> Optional[bytes]:
     """The token the server requires (``OPENENV_AUTH_TOKEN`` or ``auth_token``, as
-    :mod:`.settings` chose), checked; None when there is none."""
+    :mod:`..settings` chose), checked; None when there is none."""
     if token is None:
         return None
     source = ENV_VAR if os.environ.get(ENV_VAR, "").strip() == token else "auth_token"

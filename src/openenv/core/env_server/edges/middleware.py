@@ -1,10 +1,10 @@
 """The edges around the server's core: small ASGI middlewares that ``create_app`` composes.
 
-From the outside in (see :meth:`.http_server.HTTPEnvServer.register_routes`): :class:`TransportLimits`
+From the outside in (see :meth:`..http_server.HTTPEnvServer.register_routes`): :class:`TransportLimits`
 (the runner's limits on a server started otherwise), :class:`ErrorDetailsScope`
-(:mod:`.error_details`), :class:`SameOrigin` (other sites' pages), :class:`BearerAuth` (:mod:`.auth`), :class:`.transports.ws.WebSocketRoutes` (which
+(:mod:`..error_details`), :class:`SameOrigin` (other sites' pages), :class:`BearerAuth` (:mod:`.auth`), :class:`..transports.ws.WebSocketRoutes` (which
 serves ``/ws`` itself) and :class:`BodyLimits`, which bounds HTTP request bodies before any route
-reads them. Each answers what it refuses by the error table of :mod:`.exceptions` (JSON-RPC errors on
+reads them. Each answers what it refuses by the error table of :mod:`..exceptions` (JSON-RPC errors on
 ``/mcp``, ``{"detail", "code"}`` elsewhere) and passes everything else through untouched.
 """
 
@@ -17,9 +17,9 @@ from typing import Any, Dict, Optional, Tuple
 
 from starlette.responses import JSONResponse, Response
 
-from . import auth, error_details
-from ._compat import uvicorn as uvicorn_compat
-from .exceptions import (
+from .. import error_details
+from .._compat import uvicorn as uvicorn_compat
+from ..exceptions import (
     EXECUTION,
     VALIDATION,
     InvalidJsonError,
@@ -28,9 +28,10 @@ from .exceptions import (
     ServerBusyError,
     kind_of,
 )
-from .limits import BUDGET_EXEMPT_BYTES, InFlightBudget
-from .mcp_types import JsonRpcResponse
-from .serialization import MAX_JSON_DEPTH, parse_json, to_json_bytes
+from ..limits import BUDGET_EXEMPT_BYTES, InFlightBudget
+from ..mcp_types import JsonRpcResponse
+from ..serialization import MAX_JSON_DEPTH, parse_json, to_json_bytes
+from . import auth
 
 logger = logging.getLogger("openenv.server")
 
@@ -68,7 +69,7 @@ class ErrorDetailsScope:
 
 class TransportLimits:
     """Puts the server's limits on its transport when the app was not served through OpenEnv's
-    runner: at the start of its lifespan, :func:`._compat.uvicorn.adopt` sets up the uvicorn that
+    runner: at the start of its lifespan, :func:`.._compat.uvicorn.adopt` sets up the uvicorn that
     serves it (its command line, ``uvicorn.run``, a gunicorn worker) as the runner would, or warns
     naming what is missing and the command that has it. With the lifespan off, the first request
     that arrives on a connection without OpenEnv's guard gets the warning instead. The outermost
@@ -294,9 +295,9 @@ def _replay(body: bytes, receive: Any) -> Any:
 
 
 def http_error(exc: BaseException) -> Response:
-    """The HTTP answer to ``exc``, by the table of :mod:`.exceptions`: an invalid message's 422
+    """The HTTP answer to ``exc``, by the table of :mod:`..exceptions`: an invalid message's 422
     with pydantic's errors, an OpenEnv error's status and ``{"detail", "code"}``; anything else a
-    500 worded by :func:`.error_details.describe`."""
+    500 worded by :func:`..error_details.describe`."""
     kind = kind_of(exc)
     if kind is VALIDATION:
         body = to_json_bytes({"detail": json.loads(exc.json())})  # type: ignore[attr-defined]
