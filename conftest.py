@@ -26,7 +26,7 @@ def echo_url() -> Iterator[str]:
     """A real echo environment server on 127.0.0.1, for the snippets that use one."""
     from echo_env.server.app import app
 
-    from openenv.core.env_server.runner import BackgroundServer
+    from openenv.core.env_server.serving.runner import BackgroundServer
 
     with BackgroundServer(app) as server:
         yield server.base_url

@@ -228,7 +228,7 @@ def main() -> None:
     if name.startswith("floor"):
         asyncio.run(serve_floor(port, echo=name == "floor-echo", uds=uds))
         return
-    from openenv.core.env_server.runner import run_server
+    from openenv.core.env_server.serving.runner import run_server
 
     if os.environ.get("BENCH_GC"):
         import gc

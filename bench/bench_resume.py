@@ -33,7 +33,7 @@ from echo_env.server.echo_environment import EchoEnvironment
 from openenv.core import GenericEnvClient
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
-from openenv.core.env_server.runner import BackgroundServer
+from openenv.core.env_server.serving.runner import BackgroundServer
 from openenv.core.env_server.settings import ServerLimits
 from openenv.testing.faults import FaultProxy
 

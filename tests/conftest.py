@@ -10,7 +10,7 @@ from typing import Any, Iterator
 import pytest
 
 from openenv.core.env_server.http_server import create_app
-from openenv.core.env_server.runner import BackgroundServer
+from openenv.core.env_server.serving.runner import BackgroundServer
 
 from .envs import TRACKER, CounterAction, CounterEnv, CounterObservation, CounterState
 

@@ -28,7 +28,7 @@ SERVE_WITHOUT_FASTMCP = """
 import sys
 sys.modules["fastmcp"] = None
 from openenv.core.env_server import Action, Environment, Observation, State, create_app
-from openenv.core.env_server.runner import BackgroundServer
+from openenv.core.env_server.serving.runner import BackgroundServer
 from openenv import GenericEnvClient
 
 class Act(Action):

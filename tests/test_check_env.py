@@ -22,7 +22,7 @@ from openenv.core import CheckReport, EnvCheckError, EnvCheckWarning, check_env,
 from openenv.core.containers.runtime.isolation import find_bwrap
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.mcp_types import CallToolAction
-from openenv.core.env_server.runner import BackgroundServer
+from openenv.core.env_server.serving.runner import BackgroundServer
 from openenv.core.env_server.types import Observation, State
 
 from .conftest import counter_app, serve

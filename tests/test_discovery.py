@@ -143,7 +143,7 @@ class _DockerEngine:
         self.containers = self
 
     def run(self, image: str, **options: Any) -> _Container:
-        from openenv.core.env_server.runner import BackgroundServer
+        from openenv.core.env_server.serving.runner import BackgroundServer
 
         self.runs.append((image, options))
         container = _Container(BackgroundServer(self.images[image]).start(), options["name"])

@@ -28,7 +28,7 @@ import httpx
 from openenv import GenericEnvClient
 from openenv.core.client_errors import EnvironmentExecutionError
 from openenv.core.env_server import Action, Environment, Observation, State, create_app
-from openenv.core.env_server.runner import BackgroundServer
+from openenv.core.env_server.serving.runner import BackgroundServer
 
 call, transport, level = sys.argv[1:]
 logging.basicConfig(format="LOG %(name)s %(levelname)s %(message)s")
@@ -133,7 +133,7 @@ from gymnasium_env.server.app import app
 
 from openenv import GenericEnvClient
 from openenv.core.client_errors import EnvironmentExecutionError
-from openenv.core.env_server.runner import BackgroundServer
+from openenv.core.env_server.serving.runner import BackgroundServer
 
 logging.basicConfig(format="LOG %(name)s %(levelname)s %(message)s")
 with BackgroundServer(app) as server, GenericEnvClient(base_url=server.base_url).sync() as env:

@@ -25,7 +25,7 @@ from openenv import AutoEnv
 from openenv.auto import hub
 from openenv.core.containers.runtime.isolation import find_bwrap
 from openenv.core.containers.runtime.providers import ContainerProvider
-from openenv.core.env_server.runner import BackgroundServer
+from openenv.core.env_server.serving.runner import BackgroundServer
 from openenv.core.generic_client import GenericEnvClient
 from openenv.core.mcp_client import MCPToolClient
 

@@ -26,7 +26,7 @@ from inspect_ai.model import ModelOutput, ModelUsage
 from inspect_ai.scorer import Score, Target, mean, scorer
 from inspect_ai.solver import TaskState, generate
 
-from openenv.core.env_server.runner import BackgroundServer
+from openenv.core.env_server.serving.runner import BackgroundServer
 from openenv.core.evals import EvalConfig, InspectAIHarness
 
 # Inspect AI's retry helper calls tenacity with an argument tenacity deprecates: not ours to fix.

@@ -53,7 +53,7 @@ print(json.dumps(changed))
 SERVE_AND_STEP = """
 from countdown_env import CountdownAction, CountdownEnv
 from countdown_env.server.app import app
-from openenv.core.env_server.runner import BackgroundServer
+from openenv.core.env_server.serving.runner import BackgroundServer
 
 with BackgroundServer(app) as server, CountdownEnv(base_url=server.base_url).sync() as env:
     print(env.reset(start=3).observation.remaining)

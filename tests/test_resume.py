@@ -15,7 +15,7 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import InvalidStatus
 
 from openenv.core.client_errors import CapacityReachedError, SessionLostError
-from openenv.core.env_server.runner import BackgroundServer
+from openenv.core.env_server.serving.runner import BackgroundServer
 from openenv.core.env_server.settings import ServerLimits
 from openenv.core.generic_client import GenericEnvClient
 from openenv.testing.faults import FaultProxy

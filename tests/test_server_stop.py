@@ -13,7 +13,7 @@ import pytest
 
 from openenv.core.client_errors import ServerStoppedError, SessionLostError
 from openenv.core.env_server._compat import uvicorn as uvicorn_compat
-from openenv.core.env_server.runner import BackgroundServer
+from openenv.core.env_server.serving.runner import BackgroundServer
 from openenv.core.generic_client import GenericEnvClient
 
 from .conftest import counter_app, until

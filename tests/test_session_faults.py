@@ -19,7 +19,7 @@ from openenv.core.env_server import sessions as sessions_module
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.mcp_environment import MCPEnvironment
 from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
-from openenv.core.env_server.runner import BackgroundServer
+from openenv.core.env_server.serving.runner import BackgroundServer
 from openenv.core.env_server.sessions import SessionKind, SessionManager, SessionState
 from openenv.core.env_server.types import ConcurrencyConfig
 

@@ -27,7 +27,7 @@ from websockets.exceptions import ConnectionClosed
 
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
-from openenv.core.env_server.runner import BackgroundServer
+from openenv.core.env_server.serving.runner import BackgroundServer
 from openenv.core.generic_client import GenericEnvClient
 from openenv.testing.faults import FaultProxy
 

@@ -203,7 +203,7 @@ def test_process_wide_tuning_is_off_unless_asked_for() -> None:
 def test_the_runner_tunes_the_process_it_owns_unless_told_not_to(monkeypatch) -> None:
     import gc
 
-    from openenv.core.env_server.runner import owned_process_gc
+    from openenv.core.env_server.serving.runner import owned_process_gc
 
     before = gc.get_threshold()
     with owned_process_gc(counter_app()):  # what run_server and `openenv serve` wrap serving in

@@ -298,7 +298,7 @@ def test_without_gradio_the_page_is_served_alone_and_one_line_says_how_to_get_th
     import json, sys, httpx
     from notes_env.server.app import app
     from notes_env.server.gradio_ui import BUILT
-    from openenv.core.env_server.runner import BackgroundServer
+    from openenv.core.env_server.serving.runner import BackgroundServer
 
     with BackgroundServer(app) as server:
         page = httpx.get(server.base_url + "/web/").status_code

@@ -167,7 +167,7 @@ def test_a_large_frame_after_the_servers_close_does_not_stall_the_close_handshak
 def test_a_uvicorn_release_ci_does_not_test_keeps_its_own_default(monkeypatch):
     import uvicorn
 
-    from openenv.core.env_server.runner import uvicorn_config
+    from openenv.core.env_server.serving.runner import uvicorn_config
 
     assert ws_protocol.tested()  # the installed uvicorn is a tested one
 

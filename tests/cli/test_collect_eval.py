@@ -192,7 +192,7 @@ def spiel_url() -> Iterator[str]:
     pytest.importorskip("openspiel_env", reason="openspiel_env is not installed (pip install -e envs/openspiel_env)")
     from openspiel_env.server.app import app
 
-    from openenv.core.env_server.runner import BackgroundServer
+    from openenv.core.env_server.serving.runner import BackgroundServer
 
     with BackgroundServer(app) as server:
         yield server.base_url

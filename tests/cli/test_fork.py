@@ -18,7 +18,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from openenv.core.env_server.runner import BackgroundServer
+from openenv.core.env_server.serving.runner import BackgroundServer
 
 OPENENV = [sys.executable, "-m", "openenv.cli"]
 TOKEN = "hf_test_token_not_real_0123456789"

@@ -21,7 +21,7 @@ import yaml
 
 import openenv
 from openenv.cli.__main__ import app, main
-from openenv.core.env_server.runner import BackgroundServer
+from openenv.core.env_server.serving.runner import BackgroundServer
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT_DIRS = {"claude": ".claude", "codex": ".codex", "cursor": ".cursor", "opencode": ".opencode"}

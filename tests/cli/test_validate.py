@@ -24,7 +24,7 @@ from openenv.cli.__main__ import main
 from openenv.core.containers.runtime.isolation import find_bwrap
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.interfaces import Environment
-from openenv.core.env_server.runner import BackgroundServer
+from openenv.core.env_server.serving.runner import BackgroundServer
 from openenv.core.env_server.types import Action, Observation, State
 
 ROOT = Path(__file__).resolve().parents[2]

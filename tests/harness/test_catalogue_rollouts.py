@@ -58,7 +58,7 @@ from starlette.routing import Route
 
 from openenv.core.containers.runtime.isolation import find_bwrap
 from openenv.core.env_server.mcp_types import CallToolAction, Tool
-from openenv.core.env_server.runner import BackgroundServer
+from openenv.core.env_server.serving.runner import BackgroundServer
 from openenv.core.harness import (
     CLIHarnessAdapter,
     HarnessRolloutResult,

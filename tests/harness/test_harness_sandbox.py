@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from openenv.core.containers.runtime.isolation import find_bwrap
-from openenv.core.env_server.runner import BackgroundServer
+from openenv.core.env_server.serving.runner import BackgroundServer
 from openenv.core.harness.errors import HarnessError, HarnessNotRunningError, HarnessStartupError
 from openenv.core.harness.process import SERVICE_DIR, HarnessProcess, HarnessSandbox
 from openenv.testing.escape import planted_secret, wait_for

@@ -42,7 +42,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from openenv.core.containers.runtime.isolation import find_bwrap
-from openenv.core.env_server.runner import BackgroundServer
+from openenv.core.env_server.serving.runner import BackgroundServer
 from openenv.core.harness import agents
 from openenv.core.harness.capture import CaptureServer
 from openenv.core.harness.capture.export import export_session, measure_retokenization_skew

@@ -34,7 +34,7 @@ from openspiel_env.server.openspiel_environment import OpenSpielEnvironment
 from openenv.core.client_errors import CapacityReachedError
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.mcp_types import CallToolAction, Tool
-from openenv.core.env_server.runner import BackgroundServer
+from openenv.core.env_server.serving.runner import BackgroundServer
 from openenv.core.generic_client import GenericEnvClient
 from openenv.core.harness import (
     RESERVED_TOOL_NAMES,

@@ -141,7 +141,7 @@ def engine_url(engine: Any, completions_log: CompletionsLog) -> Iterator[str]:
     from fastapi.responses import JSONResponse
     from starlette.concurrency import run_in_threadpool
 
-    from openenv.core.env_server.runner import BackgroundServer
+    from openenv.core.env_server.serving.runner import BackgroundServer
     from openenv.testing.tiny_engine import create_app
 
     app = create_app(engine, served_model_name=MODEL)

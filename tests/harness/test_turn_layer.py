@@ -32,7 +32,7 @@ from starlette.routing import Route
 
 from openenv.core.containers.runtime.isolation import find_bwrap
 from openenv.core.env_server.mcp_types import CallToolAction, ListToolsAction
-from openenv.core.env_server.runner import BackgroundServer
+from openenv.core.env_server.serving.runner import BackgroundServer
 from openenv.core.env_server.types import Action
 from openenv.core.harness import agents
 from openenv.core.harness.adapter import response_from_events

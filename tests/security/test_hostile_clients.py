@@ -405,7 +405,7 @@ async def test_concurrent_large_bodies_past_the_budget_get_503():
 SERVE_SCRIPT = """
 import sys
 from openenv.core.env_server.limits import ServerLimits
-from openenv.core.env_server.runner import run_server
+from openenv.core.env_server.serving.runner import run_server
 from tests.conftest import counter_app
 run_server(counter_app(limits=ServerLimits(max_unsent_mb=float(sys.argv[2]))), port=int(sys.argv[1]), log_level="error")
 """

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from openenv.core.env_server.http_server import create_app
-from openenv.core.env_server.runner import serve_main
+from openenv.core.env_server.serving.runner import serve_main
 
 try:
     from ..models import GymnasiumAction, GymnasiumObservation, GymnasiumState

@@ -26,7 +26,7 @@ app = create_app(
 
 def main() -> None:
     """``server``: run the environment on http://127.0.0.1:8000 (``--host``/``--port`` to change)."""
-    from openenv.core.env_server.runner import serve_main
+    from openenv.core.env_server.serving.runner import serve_main
 
     serve_main(app, "Serve the Reasoning Gym environment")
 

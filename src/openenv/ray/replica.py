@@ -72,7 +72,7 @@ class ReplicaServer:
         return url
 
     def _start_in_process(self, project: str, env_vars: Dict[str, str], timeout_s: float) -> str:
-        from openenv.core.env_server.runner import BackgroundServer
+        from openenv.core.env_server.serving.runner import BackgroundServer
         from openenv.core.manifest import EnvManifest
 
         os.environ.update(env_vars)  # read by create_app when the package's app module is imported

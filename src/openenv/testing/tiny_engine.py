@@ -1164,7 +1164,7 @@ class EngineServer:
         if self.url is not None:
             return self.url
         if self._engine is not None:
-            from openenv.core.env_server.runner import BackgroundServer
+            from openenv.core.env_server.serving.runner import BackgroundServer
 
             app = create_app(self._engine, served_model_name=self.model)
             server = BackgroundServer(app, host=self._host, port=self._port, uds=self.uds, log_level=self._log_level)
@@ -1278,7 +1278,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         path = build_model(args.cache_dir, args.tool_name, force=args.force)
         print(json.dumps({"model_dir": str(path), "seconds": round(time.monotonic() - started, 1)}), flush=True)
         return
-    from openenv.core.env_server.runner import BackgroundServer
+    from openenv.core.env_server.serving.runner import BackgroundServer
 
     path = Path(args.model_dir) if args.model_dir else build_model(args.cache_dir, args.tool_name)
     engine = TinyEngine(path, max_model_len=args.max_model_len, logprobs_mode=args.logprobs_mode, threads=args.threads)

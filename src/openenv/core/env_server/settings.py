@@ -79,7 +79,7 @@ variable                                default     meaning
 
 The limits (``OPENENV_MAX_MESSAGE_MB`` and the rows below it) are one object, :class:`ServerLimits`:
 built in code (``create_app(..., limits=...)``) or read from their variables (``from_env``), and
-handed by the app to the runner (:mod:`.runner`) and the transport. ``0`` turns a limit off, but for
+handed by the app to the runner (:mod:`.serving.runner`) and the transport. ``0`` turns a limit off, but for
 the message limit. Their defaults suit a trainer that waits minutes for its model between two steps.
 A forwarder in front of the server (``openenv serve`` relays TCP to the server's Unix socket, a
 reverse proxy on this machine) makes every client it relays look local: the front must bound its

@@ -107,7 +107,7 @@ class HarnessMCPBridge:
         with self._lock:
             if self._url is not None:
                 return self._url
-            from openenv.core.env_server.runner import BackgroundServer
+            from openenv.core.env_server.serving.runner import BackgroundServer
 
             try:
                 app = self.mcp_server.http_app(path=self.path)

@@ -51,7 +51,7 @@ from .isolation import Limits
 PRELOAD = (
     "openenv.core.env_server.http_server",
     "openenv.core.env_server.mcp_environment",
-    "openenv.core.env_server.runner",
+    "openenv.core.env_server.serving.runner",
     "openenv.core.containers.runtime.seccomp",
     "pyseccomp",
     "fastmcp",
@@ -105,7 +105,7 @@ def _serve(app: Any, config: Dict[str, Any], ready_fd: Optional[int]) -> None:
     """Serve ``app`` on the inherited listening socket (or a TCP port); signal readiness on ``ready_fd``."""
     import uvicorn
 
-    from openenv.core.env_server.runner import owned_process_gc, uvicorn_config
+    from openenv.core.env_server.serving.runner import owned_process_gc, uvicorn_config
 
     log_level = config.get("log_level", "warning")
     sockets: Optional[List[socket.socket]] = None

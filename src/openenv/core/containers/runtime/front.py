@@ -67,9 +67,9 @@ from urllib.parse import parse_qs, urlsplit
 
 import h11
 
-from ...env_server.access_log import POLL_TARGET
 from ...env_server.edges import auth
 from ...env_server.limits import BUDGET_EXEMPT_BYTES, InFlightBudget
+from ...env_server.serving.access_log import POLL_TARGET
 from ...env_server.settings import ServerLimits
 from ...utils import is_loopback_ip, within
 from .forward import _CHUNK, TCPRelay, _strip_unix, linger, splice

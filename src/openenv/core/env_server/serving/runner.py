@@ -1,9 +1,9 @@
 """Running an environment app with uvicorn: in the foreground, or on a background thread.
 
-The runners apply the app's :class:`~.settings.ServerLimits` (those of an OpenEnv app, else the
+The runners apply the app's :class:`~..settings.ServerLimits` (those of an OpenEnv app, else the
 ones ``OPENENV_*`` sets) to the transport: uvicorn's WebSocket frame limit is the app's message
-limit, the WebSocket protocol of :mod:`._compat.uvicorn` refuses larger frames before buffering them
-and shares the app's budget of bytes in flight, and :mod:`._compat.uvicorn` guards each
+limit, the WebSocket protocol of :mod:`.._compat.uvicorn` refuses larger frames before buffering them
+and shares the app's budget of bytes in flight, and :mod:`.._compat.uvicorn` guards each
 connection (the header timeout and the per-client connection cap).
 """
 
@@ -19,11 +19,11 @@ import threading
 import time
 from typing import Any, Optional, Sequence, Tuple
 
-from ..utils import tuned_gc
-from ._compat import uvicorn as uvicorn_compat
+from ...utils import tuned_gc
+from .._compat import uvicorn as uvicorn_compat
+from ..limits import InFlightBudget
+from ..settings import ServerSettings
 from .access_log import quiet_polls
-from .limits import InFlightBudget
-from .settings import ServerSettings
 
 
 def _served(app: Any) -> Tuple[ServerSettings, Optional[InFlightBudget]]:
@@ -46,9 +46,9 @@ def uvicorn_config(
     **overrides: Any,
 ) -> Any:
     """A loaded ``uvicorn.Config`` with OpenEnv's defaults (one worker, uvloop when installed) and
-    the app's limits put on it (:func:`._compat.uvicorn.protect`; ``overrides`` of ``ws``,
+    the app's limits put on it (:func:`.._compat.uvicorn.protect`; ``overrides`` of ``ws``,
     ``ws_max_size`` and the ping options are kept as given). Its ``openenv_connections`` is the
-    :class:`~._compat.uvicorn.ConnectionTable` of the guarded connections (None when they are not
+    :class:`~.._compat.uvicorn.ConnectionTable` of the guarded connections (None when they are not
     guarded)."""
     import uvicorn
 
@@ -104,7 +104,7 @@ def serve_main(app: Any, description: str, argv: Optional[Sequence[str]] = None)
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """``python -m openenv.core.env_server MODULE:APP [--host H] [--port P] [--uds PATH]
     [--log-level L]``: serve the ASGI app ``APP`` of ``MODULE`` (imported from the current
-    directory, as ``uvicorn MODULE:APP`` does) with every limit of :mod:`.settings` on its transport.
+    directory, as ``uvicorn MODULE:APP`` does) with every limit of :mod:`..settings` on its transport.
     What the catalogue's Dockerfiles run."""
     import importlib
     import sys
