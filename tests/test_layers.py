@@ -1,6 +1,7 @@
 """The server's module structure: the import-linter contracts of pyproject.toml hold (layers:
-app, transports, sessions, environments, contract and models; clients never import the server's
-machinery), and no two modules of the package import each other, even indirectly."""
+the app and its runner, transports, edges, the dispatch, sessions, environments, contract and
+models; clients never import the server's machinery), and no two modules of the package import
+each other, even indirectly."""
 
 from __future__ import annotations
 
