@@ -3,7 +3,8 @@ that ``create_app`` composes around the app.
 
 * :mod:`.middleware` — the middlewares themselves, from the outside in: the transport's limits
   on a server not started by the runner, the error-detail scope, other sites' pages, the bearer
-  token, the WebSocket routes' entry and the bound on HTTP request bodies;
+  token and the bound on HTTP request bodies (the WebSocket routes, which ``create_app`` puts
+  between the last two, are a transport's: :class:`..transports.ws.WebSocketRoutes`);
 * :mod:`.auth` — the bearer token (``OPENENV_AUTH_TOKEN``): checking it, and which requests go
   without it (the container front of ``openenv serve --workers`` checks it with the same code).
 
