@@ -8,11 +8,10 @@ package directory and on a real server on 127.0.0.1.
 
 from __future__ import annotations
 
-import threading
-
 import asyncio
 import random
 import shutil
+import threading
 import warnings
 from pathlib import Path
 from typing import Any, Dict, Optional
