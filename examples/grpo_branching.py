@@ -29,7 +29,6 @@ from typing import Any, Dict, List, Tuple
 from grid_world_env.server.app import app
 
 from openenv.core.env_server.runner import BackgroundServer
-from openenv.core.generic_client import GenericEnvClient
 from openenv.core.rollout import rollout
 
 MOVES = ("UP", "DOWN", "LEFT", "RIGHT")
