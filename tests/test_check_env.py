@@ -507,3 +507,17 @@ def test_snapshots_are_checked_where_the_class_claims_them():
     assert "the same actions gave other observations" in detail(forgetful, "env.snapshot")
     locked = check_env(LockedSnapshotEnv, raise_on_failure=False)
     assert status(locked, "env.snapshot") == "failed" and "self.guard holds a lock" in detail(locked, "env.snapshot")
+
+
+def test_check_url_checks_snapshots_over_the_wire():
+    assert status(check_url_of(CounterEnv), "ws.snapshot") == "skipped"  # the class does not claim them
+    report = check_url_of(SnapshotCounterEnv)
+    assert status(report, "ws.snapshot") == "passed" and "repeated exactly" in detail(report, "ws.snapshot")
+    forgetful = check_url_of(ForgetfulSnapshotEnv)
+    assert status(forgetful, "ws.snapshot") == "failed"
+    assert "the same actions gave other observations" in detail(forgetful, "ws.snapshot")
+
+
+def check_url_of(env_cls):
+    with BackgroundServer(counter_app(env_cls)) as server:
+        return check_url(server.base_url, raise_on_failure=False)
