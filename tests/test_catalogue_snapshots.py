@@ -85,6 +85,15 @@ CASES: Dict[str, Case] = {
         _moves("action", [1, 3, 1]),
         _moves("action", [3, 1, 2, 3, 1]),
     ),
+    "openspiel_env": Case(  # pig: dice (the chance RNG) and a random bot (its own RNG) between the agent's turns
+        "openspiel_env.server.openspiel_environment:OpenSpielEnvironment",
+        "openspiel_env.models:OpenSpielAction",
+        "openspiel_env.models:OpenSpielObservation",
+        "openspiel_env.models:OpenSpielState",
+        {"seed": 4, "game_name": "pig", "game_params": {"winscore": 30}},
+        _moves("action_id", [0, 0, 0, 1]),
+        _moves("action_id", [0, 0, 1, 0, 0, 0, 1, 0, 1, 0, 0, 1, 0, 0, 1, 0, 0, 0, 1, 0]),  # to the end, and past it
+    ),
     "snake_env": Case(
         "snake_env.server.snake_environment:SnakeEnvironment",
         "snake_env.models:SnakeAction",
@@ -106,7 +115,21 @@ CASES: Dict[str, Case] = {
 }
 """Environments that fork exactly, and the episode each is checked on."""
 
-REFUSED: Dict[str, Tuple[Case, str]] = {}
+REFUSED: Dict[str, Tuple[Case, str]] = {
+    "openspiel_env:stones_and_gems": (
+        Case(
+            "openspiel_env.server.openspiel_environment:OpenSpielEnvironment",
+            "openspiel_env.models:OpenSpielAction",
+            "openspiel_env.models:OpenSpielObservation",
+            "openspiel_env.models:OpenSpielState",
+            {"seed": 1, "game_name": "stones_and_gems"},
+            _moves("action_id", [3, 2]),
+            _moves("action_id", [4, 0]),
+        ),
+        "a sampled-stochastic OpenSpiel game: its chance is drawn inside the engine, whose generator "
+        "OpenSpiel's serialisation does not carry",
+    ),
+}
 """Environments that refuse snapshots, and why they cannot be exact."""
 
 
