@@ -76,6 +76,27 @@ CASES: Dict[str, Case] = {
         _moves("action", ["DOWN", "RIGHT", "DOWN"]),
         _moves("action", ["RIGHT", "DOWN", "RIGHT", "UP", "DOWN"]),
     ),
+    "gymnasium_env": Case(  # CartPole's physics and TimeLimit's counter: truncated at step 8, and stepped past it
+        "gymnasium_env.server.gymnasium_environment:ClassicControlEnvironment",
+        "gymnasium_env.models:GymnasiumAction",
+        "gymnasium_env.models:GymnasiumObservation",
+        "gymnasium_env.models:GymnasiumState",
+        {"seed": 3, "env_id": "CartPole-v1", "max_episode_steps": 8},
+        _moves("action", [1, 0, 1]),
+        _moves("action", [1, 1, 0, 0, 1, 0, 1]),
+    ),
+    "gymnasium_env:FrozenLake": Case(  # toy-text, as OPENENV_GYMNASIUM_ENV_IDS serves it: a slippery lake draws from np_random
+        "gymnasium_env.server.gymnasium_environment:ClassicControlEnvironment",
+        "gymnasium_env.models:GymnasiumAction",
+        "gymnasium_env.models:GymnasiumObservation",
+        "gymnasium_env.models:GymnasiumState",
+        {"seed": 8, "env_id": "FrozenLake-v1", "is_slippery": True},
+        _moves("action", [2, 1, 2]),
+        _moves("action", [1, 2, 1, 1, 2, 2, 1]),
+        factory=lambda: _find("gymnasium_env.server.gymnasium_environment:ClassicControlEnvironment")(
+            env_ids=["FrozenLake-v1"], make_kwargs=["is_slippery"]
+        ),
+    ),
     "maze_env": Case(
         "maze_env.server.maze_environment:MazeEnvironment",
         "maze_env.models:MazeAction",
