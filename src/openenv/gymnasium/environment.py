@@ -27,8 +27,8 @@ import gymnasium
 
 from openenv.core.env_server.exceptions import SnapshotUnsupportedError
 from openenv.core.env_server.interfaces import Environment
-from openenv.core.env_server.snapshot_data import UnsavableError, encode
 from openenv.core.env_server.serialization import to_jsonable
+from openenv.core.env_server.snapshot_data import UnsavableError, encode
 from openenv.core.env_server.types import EnvironmentMetadata
 
 from .models import GymnasiumAction, GymnasiumObservation, GymnasiumState
