@@ -42,6 +42,7 @@ class Case:
     options: Dict[str, Any] = dataclasses.field(default_factory=dict)  # create_app keywords
     factory: Optional[Callable[[], Any]] = None  # instead of the class (an env whose app passes one)
     skip: Optional[Callable[[], Optional[str]]] = None  # why this machine cannot run it (None: it can)
+    seen: Optional[Callable[[Dict[str, Any]], Any]] = None  # what of an observation must be equal (default: all)
 
     def app(self) -> Any:
         env = self.factory or _find(self.env)
@@ -66,6 +67,18 @@ def _moves(key: str, values: List[Any]) -> List[Dict[str, Any]]:
     return [{key: value} for value in values]
 
 
+def _no_bubblewrap() -> Optional[str]:
+    from openenv.core.containers.runtime.isolation import find_bwrap
+
+    return None if find_bwrap() else "bubblewrap is not installed (apt-get install bubblewrap)"
+
+
+def _without_timing(observation: Dict[str, Any]) -> Dict[str, Any]:
+    """A REPL observation but the seconds its code took (wall-clock time)."""
+    result = {k: v for k, v in observation["result"].items() if k != "execution_time"}
+    return {**observation, "result": result}
+
+
 CASES: Dict[str, Case] = {
     "grid_world_env": Case(
         "grid_world_env.server.grid_world_environment:GridWorldEnvironment",
@@ -76,6 +89,27 @@ CASES: Dict[str, Case] = {
         _moves("action", ["DOWN", "RIGHT", "DOWN"]),
         _moves("action", ["RIGHT", "DOWN", "RIGHT", "UP", "DOWN"]),
     ),
+    "gymnasium_env": Case(  # CartPole's physics and TimeLimit's counter: truncated at step 8, and stepped past it
+        "gymnasium_env.server.gymnasium_environment:ClassicControlEnvironment",
+        "gymnasium_env.models:GymnasiumAction",
+        "gymnasium_env.models:GymnasiumObservation",
+        "gymnasium_env.models:GymnasiumState",
+        {"seed": 3, "env_id": "CartPole-v1", "max_episode_steps": 8},
+        _moves("action", [1, 0, 1]),
+        _moves("action", [1, 1, 0, 0, 1, 0, 1]),
+    ),
+    "gymnasium_env:FrozenLake": Case(  # toy-text, as OPENENV_GYMNASIUM_ENV_IDS serves it: a slippery lake draws from np_random
+        "gymnasium_env.server.gymnasium_environment:ClassicControlEnvironment",
+        "gymnasium_env.models:GymnasiumAction",
+        "gymnasium_env.models:GymnasiumObservation",
+        "gymnasium_env.models:GymnasiumState",
+        {"seed": 8, "env_id": "FrozenLake-v1", "is_slippery": True},
+        _moves("action", [2, 1, 2]),
+        _moves("action", [1, 2, 1, 1, 2, 2, 1]),
+        factory=lambda: _find("gymnasium_env.server.gymnasium_environment:ClassicControlEnvironment")(
+            env_ids=["FrozenLake-v1"], make_kwargs=["is_slippery"]
+        ),
+    ),
     "maze_env": Case(
         "maze_env.server.maze_environment:MazeEnvironment",
         "maze_env.models:MazeAction",
@@ -84,6 +118,38 @@ CASES: Dict[str, Case] = {
         {"seed": 5},
         _moves("action", [1, 3, 1]),
         _moves("action", [3, 1, 2, 3, 1]),
+    ),
+    "openspiel_env": Case(  # pig: dice (the chance RNG) and a random bot (its own RNG) between the agent's turns
+        "openspiel_env.server.openspiel_environment:OpenSpielEnvironment",
+        "openspiel_env.models:OpenSpielAction",
+        "openspiel_env.models:OpenSpielObservation",
+        "openspiel_env.models:OpenSpielState",
+        {"seed": 4, "game_name": "pig", "game_params": {"winscore": 30}},
+        _moves("action_id", [0, 0, 0, 1]),
+        _moves("action_id", [0, 0, 1, 0, 0, 0, 1, 0, 1, 0, 0, 1, 0, 0, 1, 0, 0, 0, 1, 0]),  # to the end, and past it
+    ),
+    "repl_env": Case(  # a function, a seeded random module, a set of strings, a file: replayed in a fresh worker
+        "repl_env.server.repl_environment:REPLEnvironment",
+        "repl_env.models:REPLAction",
+        "repl_env.models:REPLObservation",
+        "repl_env.models:REPLState",
+        {"task_id": "sum_numbers"},
+        [
+            {"code": "nums = [int(x) for x in context.split(',')]"},
+            {
+                "code": "def double(x):\n    return 2 * x\nimport random\nrandom.seed(7)\nwords = {'kiwi', 'fig', 'pear', 'plum'}"
+            },
+            {"code": "open('notes.txt', 'w').write(str(random.random()))\ndouble"},
+        ],
+        [
+            {"code": "print(sorted(words), double(len(nums)), random.random())"},
+            {"code": "print(open('notes.txt').read())"},
+            {"code": "undefined_name"},
+            {"code": "total = sum(nums)\nprint(f'FINAL_VAR(total)')"},
+            {"code": "print('after the end')"},
+        ],
+        skip=_no_bubblewrap,
+        seen=_without_timing,
     ),
     "snake_env": Case(
         "snake_env.server.snake_environment:SnakeEnvironment",
@@ -106,12 +172,40 @@ CASES: Dict[str, Case] = {
 }
 """Environments that fork exactly, and the episode each is checked on."""
 
-REFUSED: Dict[str, Tuple[Case, str]] = {}
+REFUSED: Dict[str, Tuple[Case, str]] = {
+    "repl_env:background": (
+        Case(
+            "repl_env.server.repl_environment:REPLEnvironment",
+            "repl_env.models:REPLAction",
+            "repl_env.models:REPLObservation",
+            "repl_env.models:REPLState",
+            {"task_id": "sum_numbers"},
+            [{"code": "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()"}],
+            [{"code": "print(len(context))"}],
+            skip=_no_bubblewrap,
+        ),
+        "the code left a thread running: when background work acts cannot be replayed",
+    ),
+    "openspiel_env:stones_and_gems": (
+        Case(
+            "openspiel_env.server.openspiel_environment:OpenSpielEnvironment",
+            "openspiel_env.models:OpenSpielAction",
+            "openspiel_env.models:OpenSpielObservation",
+            "openspiel_env.models:OpenSpielState",
+            {"seed": 1, "game_name": "stones_and_gems"},
+            _moves("action_id", [3, 2]),
+            _moves("action_id", [4, 0]),
+        ),
+        "a sampled-stochastic OpenSpiel game: its chance is drawn inside the engine, whose generator "
+        "OpenSpiel's serialisation does not carry",
+    ),
+}
 """Environments that refuse snapshots, and why they cannot be exact."""
 
 
-def _trace(results: List[Any]) -> List[Any]:
-    return [(r.observation, r.reward, r.done) for r in results]
+def _trace(results: List[Any], case: Optional[Case] = None) -> List[Any]:
+    seen = case.seen if case is not None and case.seen is not None else (lambda observation: observation)
+    return [(seen(r.observation), r.reward, r.done) for r in results]
 
 
 async def _play(env: Any, actions: List[Dict[str, Any]]) -> List[Any]:
@@ -133,13 +227,13 @@ def test_fork_into_eight_and_restore_elsewhere_continue_exactly(name: str) -> No
         async def fork_and_compare() -> Any:
             async with GenericEnvClient(base_url=server.base_url) as env:
                 await env.reset(**case.reset)
-                prefix = _trace(await _play(env, case.prefix))
+                prefix = _trace(await _play(env, case.prefix), case)
                 snapshot = await env.snapshot()
                 forks = await env.fork(FORKS)
-                expected = _trace(await _play(env, case.following))
+                expected = _trace(await _play(env, case.following), case)
                 assert expected, "the continuation must have steps"
                 for fork in forks:  # one after another: a fork that shared state with another would drift
-                    assert _trace(await _play(fork, case.following)) == expected
+                    assert _trace(await _play(fork, case.following), case) == expected
                 assert prefix  # (the prefix ran)
                 return snapshot, expected
 
@@ -152,7 +246,7 @@ def test_fork_into_eight_and_restore_elsewhere_continue_exactly(name: str) -> No
                 first, second = await env.fork(2)
                 await _play(first, case.following)  # one fork runs ahead...
                 # ...and the other still continues from the fork point
-                assert _trace(await _play(second, case.following)) == expected
+                assert _trace(await _play(second, case.following), case) == expected
 
         asyncio.run(forks_are_independent())
     with serve(case.app()) as fresh:
@@ -160,7 +254,7 @@ def test_fork_into_eight_and_restore_elsewhere_continue_exactly(name: str) -> No
         async def restore_on_a_fresh_server() -> None:
             async with GenericEnvClient(base_url=fresh.base_url) as env:
                 await env.restore(snapshot)
-                assert _trace(await _play(env, case.following)) == expected
+                assert _trace(await _play(env, case.following), case) == expected
 
         asyncio.run(restore_on_a_fresh_server())
 

@@ -21,6 +21,7 @@ from openenv.core.client_errors import (
     SnapshotRefusedError,
 )
 from openenv.core.client_types import Snapshot
+from openenv.core.env_server.exceptions import SnapshotUnsupportedError
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.snapshot_data import UnsavableError, decode, encode
@@ -95,6 +96,23 @@ class LockedEnv(DiceEnv):
     def __init__(self) -> None:
         super().__init__()
         self.guard = threading.Lock()
+
+
+class PickyEnv(DiceEnv):
+    """Saves a session until its total passes 3, then refuses it, saying why (an environment
+    whose engine cannot save every position exactly)."""
+
+    def snapshot_state(self) -> Any:
+        if self.total > 3:
+            raise SnapshotUnsupportedError("PickyEnv cannot save a session past a total of 3: its engine forgets")
+        return super().snapshot_state()
+
+
+class HandleEnv(DiceEnv):
+    """Refuses with the codec's own error, as an override that checks what it holds may."""
+
+    def snapshot_state(self) -> Any:
+        raise UnsavableError("self.engine", "a native engine")
 
 
 def dice_app(env: Any = DiceEnv, **kwargs: Any) -> Any:
@@ -311,6 +329,46 @@ def test_environments_that_cannot_snapshot_say_why() -> None:
         asyncio.run(main())
 
 
+def test_an_environment_refuses_the_sessions_it_cannot_save_and_they_go_on() -> None:
+    with serve(dice_app(PickyEnv)) as picky, serve(dice_app(HandleEnv)) as handle:
+
+        async def main() -> None:
+            async with client(picky.base_url) as env:
+                await env.reset(seed=1)
+                early = await env.snapshot()  # saved while it can be
+                await _play(env, [1, 1, 1])
+                for refused in (env.snapshot(), env.fork(2)):
+                    with pytest.raises(NotSupportedError, match="past a total of 3: its engine forgets"):
+                        await refused
+                after = trace(await _play(env, [2]))  # the session goes on
+                await env.restore(early)
+                assert (await env.state())["step_count"] == 0
+                assert trace(await _play(env, [1, 1, 1, 2]))[-1] == after[-1]
+            async with client(handle.base_url) as env:
+                await env.reset(seed=1)
+                with pytest.raises(NotSupportedError) as refused:
+                    await env.snapshot()
+                assert "self.engine holds a native engine" in str(refused.value)
+                assert "SNAPSHOT_EXCLUDE" not in str(refused.value)  # no advice meant for the default
+
+        asyncio.run(main())
+        with httpx.Client(base_url=picky.base_url) as http:  # a named session, over HTTP and MCP
+
+            def rpc(method: str, **params: Any) -> Any:
+                body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+                return http.post("/mcp", json=body).json()
+
+            sid = rpc("openenv/session/create")["result"]["session_id"]
+            http.post("/reset", json={"session_id": sid, "seed": 1})
+            for _ in range(3):
+                http.post("/step", json={"session_id": sid, "action": {"bet": 2}})
+            answer = http.post("/openenv/snapshot", json={"session_id": sid})
+            assert answer.status_code == 501 and "its engine forgets" in answer.text
+            error = rpc("openenv/session/snapshot", session_id=sid)["error"]
+            assert error["code"] == -32601 and "its engine forgets" in error["message"]
+            assert http.post("/step", json={"session_id": sid, "action": {"bet": 1}}).status_code == 200
+
+
 def test_fork_that_does_not_fit_keeps_nothing_and_says_so() -> None:
     with serve(dice_app(max_concurrent_envs=3)) as server:
 
@@ -422,3 +480,23 @@ def test_the_default_state_format_carries_python_data_exactly() -> None:
     assert out["state"] == value["state"] and out["k"] == value["k"] and out["dq"].maxlen == 3
     with pytest.raises(UnsavableError, match=r"self\.f holds the function '.*<lambda>'"):
         encode({"f": lambda: 1})
+
+
+class _Holder:
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+
+def test_a_refusal_names_attributes_as_attributes() -> None:
+    # an object's attribute is `.name` in the path, a dict's item `['name']`
+    with pytest.raises(UnsavableError, match=r"^self\.env\.inner\['cache'\]\.inner holds a lock"):
+        encode({"env": _Holder({"cache": _Holder(threading.Lock())})})
+
+
+def test_numpy_dtypes_travel_exactly() -> None:
+    numpy = pytest.importorskip("numpy")
+    structured = numpy.dtype([("x", "<f4"), ("n", ">i2", (2,))])
+    value = {"f": numpy.dtype("float32"), "i": numpy.dtype(numpy.int64), "s": structured, "again": structured}
+    out = decode(encode(value))
+    assert out == value and all(type(out[k]) is type(value[k]) for k in value)
+    assert out["s"].fields == structured.fields

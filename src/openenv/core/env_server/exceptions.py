@@ -291,7 +291,9 @@ class SnapshotRefusedError(OpenEnvError):
 
 class SnapshotUnsupportedError(OpenEnvError):
     """The environment cannot save its session (its class does not say ``SUPPORTS_SNAPSHOT``, or
-    its state holds what a snapshot cannot carry: the message names the attribute)."""
+    its state holds what a snapshot cannot carry: the message names the attribute). An
+    environment's ``snapshot_state`` raises it, with the reason, for a session it cannot save
+    exactly."""
 
     kind = NOT_SUPPORTED
 

@@ -39,6 +39,10 @@ and restore it on another server (``EnvClient.fork``, ``snapshot``, ``restore``)
   engine's own serialisation) and rebuilding them on restore; it may call ``super()`` for the
   rest. Where its state cannot be saved exactly, it leaves ``SUPPORTS_SNAPSHOT`` false, and
   snapshots are refused rather than approximated.
+* An environment that can save some sessions exactly and not others (a game whose engine cannot
+  serialise every position, a process running work of its own) refuses those from
+  ``snapshot_state`` with :class:`~.exceptions.SnapshotUnsupportedError` ``(why)``: the client
+  gets ``NOT_SUPPORTED`` with that reason, and the session goes on untouched.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 It carries what an environment's state is made of, with the types it had: ``None``, ``bool``,
 ``int``, ``float`` (NaN and infinities too), ``str``, ``bytes``, lists, tuples, sets, dicts with any
 keys, enums, pydantic models, dataclasses and other plain objects of an importable class,
-``random.Random`` (with its generator's state), NumPy arrays, scalars and random generators, and
+``random.Random`` (with its generator's state), NumPy arrays, scalars, dtypes and random generators, and
 classes and module-level functions by name. An object reached twice is one object again after
 :func:`decode` (cycles through lists, dicts and objects too).
 
@@ -157,21 +157,25 @@ class _Encoder:
             out["$id"] = number
         return out
 
+    def encode_dict(self, value: Dict[Any, Any], path: str, attributes: bool = False) -> Dict[str, Any]:
+        """A dict; ``attributes``: an object's attributes (the environment's, or those of an object
+        in it), named ``path.name`` in a refusal rather than ``path['name']``."""
+        return {
+            "$dict": [
+                [
+                    self.encode(k, f"{path} (a key)"),
+                    self.encode(v, f"{path}.{k}" if attributes and isinstance(k, str) else f"{path}[{k!r}]"),
+                ]
+                for k, v in value.items()
+            ]
+        }
+
     def _encode_new(self, value: Any, path: str) -> Dict[str, Any]:
         kind = type(value)
         if kind is list:
             return {"$list": [self.encode(item, f"{path}[{i}]") for i, item in enumerate(value)]}
         if kind is dict:
-            top = path == "self"  # the environment's attributes: self.board, not self['board']
-            return {
-                "$dict": [
-                    [
-                        self.encode(k, f"{path} (a key)"),
-                        self.encode(v, f"self.{k}" if top and isinstance(k, str) else f"{path}[{k!r}]"),
-                    ]
-                    for k, v in value.items()
-                ]
-            }
+            return self.encode_dict(value, path, attributes=path == "self")
         if kind in (tuple, frozenset):
             self.building.add(id(value))
             try:
@@ -220,7 +224,7 @@ class _Encoder:
         if isinstance(value, pydantic.BaseModel):
             return {
                 "$model": class_name(cls),
-                "fields": self.encode(dict(value.__dict__), path),
+                "fields": self.encode_dict(dict(value.__dict__), path, attributes=True),
                 "set": self.encode(set(value.__pydantic_fields_set__), f"{path} (fields set)"),
                 "extra": self.encode(value.__pydantic_extra__, path),
                 "private": self.encode(value.__pydantic_private__, path),
@@ -235,7 +239,7 @@ class _Encoder:
         ):
             raise UnsavableError(path, f"an object of {cls.__qualname__}, whose class saves itself its own way")
         if hasattr(value, "__dict__"):
-            out["dict"] = self.encode(dict(vars(value)), path)
+            out["dict"] = self.encode_dict(dict(vars(value)), path, attributes=True)
         slots = _slot_values(value)
         if slots:
             out["slots"] = {name: self.encode(item, f"{path}.{name}") for name, item in slots.items()}
@@ -368,6 +372,8 @@ def _encode_numpy(encoder: _Encoder, numpy: Any, value: Any, path: str) -> Optio
         return {"$npgenerator": encoder.encode(value.bit_generator.state, f"{path} (its state)")}
     if isinstance(value, numpy.random.RandomState):
         return {"$nprandomstate": encoder.encode(value.get_state(legacy=False), f"{path} (its state)")}
+    if isinstance(value, numpy.dtype):  # a space's dtype, say: by its description, as .npy files keep it
+        return {"$npdtype": encoder.encode(numpy.lib.format.dtype_to_descr(value), f"{path} (its description)")}
     return None
 
 
@@ -471,7 +477,7 @@ class _Decoder:
             return self._keep(number, read(node["v"]))
         if "$regex" in node:
             return self._keep(number, re.compile(self.decode(node["$regex"]), node["flags"]))
-        for tag in ("$ndarray", "$ndarray_objects", "$npscalar", "$npgenerator", "$nprandomstate"):
+        for tag in ("$ndarray", "$ndarray_objects", "$npscalar", "$npgenerator", "$nprandomstate", "$npdtype"):
             if tag in node:
                 return self._keep(number, self._numpy(tag, node))
         raise CorruptSnapshotError(f"unknown snapshot node with keys {sorted(node)[:5]}")
@@ -503,6 +509,8 @@ class _Decoder:
         if tag == "$npscalar":
             raw = base64.b64decode(node["$npscalar"])
             return numpy.frombuffer(raw, dtype=numpy.dtype(node["dtype"]))[0]
+        if tag == "$npdtype":
+            return numpy.lib.format.descr_to_dtype(self.decode(node[tag]))
         state = self.decode(node[tag])
         if tag == "$npgenerator":
             bits = getattr(numpy.random, state["bit_generator"])()

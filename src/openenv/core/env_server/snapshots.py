@@ -69,7 +69,11 @@ class SnapshotSeal:
                 "see Environment.snapshot_state for what it takes)"
             )
         try:
-            tree = encode(env.snapshot_state())
+            data = env.snapshot_state()
+        except UnsavableError as exc:  # the environment's own refusal: its words are the reason
+            raise SnapshotUnsupportedError(f"Cannot snapshot {cls.__name__}: {exc}") from None
+        try:
+            tree = encode(data)
         except UnsavableError as exc:
             raise SnapshotUnsupportedError(
                 f"Cannot snapshot {cls.__name__}: {exc}. Leave it out (SNAPSHOT_EXCLUDE) if the constructor "
