@@ -39,7 +39,7 @@ class Case:
     reset: Dict[str, Any]
     prefix: List[Dict[str, Any]]
     following: List[Dict[str, Any]]
-    options: Dict[str, Any] = dataclasses.field(default_factory=dict)  # create_app keywords
+    options: Dict[str, Any] = dataclasses.field(default_factory=dict)  # create_app keywords ("*_cls": by name)
     factory: Optional[Callable[[], Any]] = None  # instead of the class (an env whose app passes one)
     skip: Optional[Callable[[], Optional[str]]] = None  # why this machine cannot run it (None: it can)
     seen: Optional[Callable[[Dict[str, Any]], Any]] = None  # what of an observation must be equal (default: all)
@@ -47,6 +47,9 @@ class Case:
     def app(self) -> Any:
         env = self.factory or _find(self.env)
         options = {"max_concurrent_envs": FORKS + 4, **self.options}
+        for key, value in options.items():
+            if key.endswith("_cls") and isinstance(value, str):
+                options[key] = _find(value)
         return create_app(
             env,
             _find(self.action),
@@ -79,7 +82,53 @@ def _without_timing(observation: Dict[str, Any]) -> Dict[str, Any]:
     return {**observation, "result": result}
 
 
+def _tool(name: str, **arguments: Any) -> Dict[str, Any]:
+    return {"type": "call_tool", "tool_name": name, "arguments": arguments}
+
+
+_MCP = "openenv.core.env_server.mcp_types"
+
+
 CASES: Dict[str, Case] = {
+    "coding_env": Case(
+        "coding_env.server.coding_environment:CodingEnvironment",
+        "coding_env.models:CodeAction",
+        "coding_env.models:CodeObservation",
+        "coding_env.models:CodeState",
+        {"seed": 13},
+        _moves("code", ["import random\nprint(random.random())", "print(hash('abc'))"]),
+        _moves(
+            "code",
+            [
+                "import random\nprint(random.randrange(10**9), hash('xyz'))",
+                "raise SystemExit(3)",  # the last exit code is state too
+                "import random\nprint([random.random() for _ in range(3)])",
+            ],
+        ),
+        skip=_no_bubblewrap,
+    ),
+    "git_env": Case(
+        "git_env.server.git_environment:GitEnvironment",
+        f"{_MCP}:CallToolAction",
+        f"{_MCP}:CallToolObservation",
+        "git_env.models:GitState",
+        {"seed": 0, "max_steps": 9},
+        [
+            _tool("write_file", path="notes/todo.md", content="- fork me\n"),
+            _tool("execute_git_command", command="add -A"),
+            _tool("execute_git_command", command="commit -m 'Add notes'"),
+            _tool("execute_git_command", command="checkout -b feature"),
+            _tool("run_command", command="echo more >> notes/todo.md && chmod +x notes/todo.md"),
+        ],
+        [
+            _tool("git_status"),
+            _tool("git_diff"),
+            _tool("execute_git_command", command="commit -am 'More notes'"),
+            _tool("git_log", max_count=5, all_branches=True),  # the step budget runs out: the check runs
+        ],
+        options={"reset_observation_cls": "git_env.models:GitObservation"},
+        skip=_no_bubblewrap,
+    ),
     "grid_world_env": Case(
         "grid_world_env.server.grid_world_environment:GridWorldEnvironment",
         "grid_world_env.models:GridWorldAction",
@@ -150,6 +199,28 @@ CASES: Dict[str, Case] = {
         ],
         skip=_no_bubblewrap,
         seen=_without_timing,
+    ),
+    "shell_env": Case(
+        "shell_env.server.shell_environment:ShellEnvironment",
+        f"{_MCP}:CallToolAction",
+        f"{_MCP}:CallToolObservation",
+        "shell_env.models:ShellState",
+        {"task_id": "sort_unique", "max_steps": 6},
+        [
+            _tool("run_command", command="mkdir -p out/deep && sort names.txt > out/sorted.txt && chmod 750 out"),
+            _tool("run_command", command="ln -s ../sorted.txt out/deep/link && touch -d @1700000000 out/sorted.txt"),
+            _tool("write_file", path="out/deep/note.txt", content="half done\n"),
+        ],
+        [
+            _tool("list_dir", path="out/deep"),
+            _tool(
+                "run_command",
+                command="find . -printf '%p %y %m %s %l\\n' | sort && cat out/deep/link && stat -c %Y out/sorted.txt",
+            ),
+            _tool("read_file", path="out/deep/note.txt"),  # the step budget runs out: the check runs
+        ],
+        options={"reset_observation_cls": "shell_env.models:ShellObservation"},
+        skip=_no_bubblewrap,
     ),
     "snake_env": Case(
         "snake_env.server.snake_environment:SnakeEnvironment",
