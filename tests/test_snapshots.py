@@ -500,3 +500,29 @@ def test_numpy_dtypes_travel_exactly() -> None:
     out = decode(encode(value))
     assert out == value and all(type(out[k]) is type(value[k]) for k in value)
     assert out["s"].fields == structured.fields
+
+
+class BulkyDiceEnv(DiceEnv):
+    """A DiceEnv whose state holds 2 MiB of random bytes (incompressible)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blob = random.Random(1).randbytes(2 * 1024 * 1024)
+
+
+def test_fork_of_a_large_session_waits_for_a_busy_servers_budget(monkeypatch: Any) -> None:
+    """Each restore carries the snapshot: eight at once (~22 MiB) overrun a 6 MiB budget of bytes
+    in flight; the server refuses the surplus (SERVER_BUSY, nothing run) and fork sends them again."""
+    monkeypatch.setenv("OPENENV_MAX_INFLIGHT_MB", "6")
+    with serve(dice_app(BulkyDiceEnv)) as server:
+
+        async def main() -> None:
+            async with client(server.base_url) as env:
+                await env.reset(seed=2)
+                await _play(env, [1, 2])
+                forks = await env.fork(8)
+                expected = trace(await _play(env, [3, 1]))
+                for fork in forks:
+                    assert trace(await _play(fork, [3, 1])) == expected
+
+        asyncio.run(main())

@@ -42,6 +42,7 @@ from typing import Any, Callable, Dict, FrozenSet, Generic, List, Optional, Tupl
 from .client_errors import (
     CapacityReachedError,
     EnvClientError,
+    ServerBusyError,
     ServerStoppedError,
     SessionLostError,
     connect_failure,
@@ -819,12 +820,26 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
             raise ValueError(f"fork(n) takes a whole number n >= 1, got {n!r}")
         snapshot = await self._snapshot_async()
         made: List[EnvClient[Any, Any, Any]] = []
+        # Each restore carries the snapshot (base64): a large one is sent a few at a time, within
+        # what a server takes in flight at once by default (OPENENV_MAX_INFLIGHT_MB).
+        sending = asyncio.Semaphore(max(1, _FORK_BYTES_IN_FLIGHT // max(1, len(snapshot) * 4 // 3)))
 
         async def one() -> EnvClient[Any, Any, Any]:
-            child = await self._new_session_async()
-            made.append(child)
-            await child._restore_async(snapshot)
-            return child
+            for attempt in range(_FORK_BUSY_RETRIES + 1):
+                child = await self._new_session_async()
+                made.append(child)
+                try:
+                    async with sending:
+                        await child._restore_async(snapshot)
+                    return child
+                except ServerBusyError:  # its budget of bytes in flight was spent: nothing ran
+                    if attempt == _FORK_BUSY_RETRIES:
+                        raise
+                    made.remove(child)
+                    self._children.remove(child)
+                    await child._close_async()  # (the server closed its connection: 1013)
+                    await asyncio.sleep(0.05 * 2**attempt + random.random() * 0.05)
+            raise AssertionError("unreachable")
 
         results = await asyncio.gather(*(one() for _ in range(n)), return_exceptions=True)
         failures = [result for result in results if isinstance(result, BaseException)]
@@ -965,6 +980,14 @@ def split_client_kwargs(cls: type, kwargs: Dict[str, Any]) -> tuple:
     accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "base_url", "provider"}
     client = {k: v for k, v in kwargs.items() if k in accepted}
     return client, {k: v for k, v in kwargs.items() if k not in accepted}
+
+
+_FORK_BUSY_RETRIES = 8
+"""How often ``fork`` sends a restore again that a busy server refused (backing off each time)."""
+
+_FORK_BYTES_IN_FLIGHT = 48 * 1024 * 1024
+"""What ``fork`` sends at once in restores of a large snapshot: well within a server's default
+budget of bytes in flight (128 MiB)."""
 
 
 def _snapshot_bytes(text: Any) -> bytes:
