@@ -3,7 +3,9 @@
 For each environment: a seeded episode, a prefix of steps, then ``fork(8)``. Each fork, given the
 original's next actions, must give the original's observations and rewards; stepping one fork
 must leave the others where they were; and a snapshot restored on a fresh server (same key)
-must continue exactly as well. Real servers on 127.0.0.1, each environment's own classes.
+must continue exactly as well; after the continuation, each session's state must be the
+original's too (unless the case says its state holds what no two sessions share). Real servers
+on 127.0.0.1, each environment's own classes.
 
 A case names the environment's app (built the way its ``server/app.py`` builds it), the reset's
 keywords, the prefix and the continuation (action dicts as the wire carries them). An
@@ -42,6 +44,7 @@ class Case:
     options: Dict[str, Any] = dataclasses.field(default_factory=dict)  # create_app keywords
     factory: Optional[Callable[[], Any]] = None  # instead of the class (an env whose app passes one)
     skip: Optional[Callable[[], Optional[str]]] = None  # why this machine cannot run it (None: it can)
+    compare_state: bool = True  # the state after the continuation must be the original's too
 
     def app(self) -> Any:
         env = self.factory or _find(self.env)
@@ -67,6 +70,38 @@ def _moves(key: str, values: List[Any]) -> List[Dict[str, Any]]:
 
 
 CASES: Dict[str, Case] = {
+    "echo_env": Case(
+        "echo_env.server.echo_environment:EchoEnvironment",
+        "openenv.core.env_server.mcp_types:CallToolAction",
+        "openenv.core.env_server.mcp_types:CallToolObservation",
+        "openenv.core.env_server.types:State",
+        {"episode_id": "echo-1"},
+        [{"tool_name": "echo_message", "arguments": {"message": m}} for m in ("hi", "there")],
+        [
+            {"tool_name": "echo_with_length", "arguments": {"message": "forked"}},
+            {"tool_name": "echo_message", "arguments": {"message": "again"}},
+            {"tool_name": "no_such_tool", "arguments": {}},
+        ],
+        options={"reset_observation_cls": _find("echo_env.models:EchoObservation")},
+    ),
+    "finqa_env": Case(
+        "finqa_env.server.finqa_environment:FinQAEnvironment",
+        "openenv.core.env_server.mcp_types:CallToolAction",
+        "openenv.core.env_server.mcp_types:CallToolObservation",
+        "finqa_env.models:FinQAState",
+        {"seed": 2},
+        [
+            {"tool_name": "get_descriptions", "arguments": {}},
+            {"tool_name": "get_table_info", "arguments": {"table_name": "income_statement", "company_name": "NWR"}},
+        ],
+        [
+            {"tool_name": "sql_query", "arguments": {"query": "SELECT ticker, name FROM companies ORDER BY ticker"}},
+            {"tool_name": "sql_query", "arguments": {"query": "DROP TABLE companies"}},  # refused: a tool error
+            {"tool_name": "submit_answer", "arguments": {"answer": "131.0"}},  # ends the episode
+            {"tool_name": "get_descriptions", "arguments": {}},  # after the end: refused
+        ],
+        options={"reset_observation_cls": _find("openenv.core.env_server.types:Observation")},
+    ),
     "grid_world_env": Case(
         "grid_world_env.server.grid_world_environment:GridWorldEnvironment",
         "grid_world_env.models:GridWorldAction",
@@ -118,6 +153,10 @@ async def _play(env: Any, actions: List[Dict[str, Any]]) -> List[Any]:
     return [await env.step(action) for action in actions]
 
 
+async def _final_state(case: Case, env: Any) -> Any:
+    return await env.state() if case.compare_state else None
+
+
 def _skip(case: Case) -> None:
     why = case.skip() if case.skip is not None else None
     if why:
@@ -138,12 +177,14 @@ def test_fork_into_eight_and_restore_elsewhere_continue_exactly(name: str) -> No
                 forks = await env.fork(FORKS)
                 expected = _trace(await _play(env, case.following))
                 assert expected, "the continuation must have steps"
+                final = await _final_state(case, env)
                 for fork in forks:  # one after another: a fork that shared state with another would drift
                     assert _trace(await _play(fork, case.following)) == expected
+                    assert await _final_state(case, fork) == final
                 assert prefix  # (the prefix ran)
-                return snapshot, expected
+                return snapshot, expected, final
 
-        snapshot, expected = asyncio.run(fork_and_compare())
+        snapshot, expected, final = asyncio.run(fork_and_compare())
 
         async def forks_are_independent() -> None:
             async with GenericEnvClient(base_url=server.base_url) as env:
@@ -161,6 +202,7 @@ def test_fork_into_eight_and_restore_elsewhere_continue_exactly(name: str) -> No
             async with GenericEnvClient(base_url=fresh.base_url) as env:
                 await env.restore(snapshot)
                 assert _trace(await _play(env, case.following)) == expected
+                assert await _final_state(case, env) == final
 
         asyncio.run(restore_on_a_fresh_server())
 
