@@ -70,6 +70,15 @@ def _moves(key: str, values: List[Any]) -> List[Dict[str, Any]]:
 
 
 CASES: Dict[str, Case] = {
+    "chess_env": Case(
+        "chess_env.server.chess_environment:ChessEnvironment",
+        "chess_env.models:ChessAction",
+        "chess_env.models:ChessObservation",
+        "chess_env.models:ChessState",
+        {"seed": 9, "opponent": "minimax", "opponent_depth": 2},  # its ties are broken by the seeded generator
+        _moves("move", ["b2b3", "g2g4", "b1a3", "d2d3"]),
+        _moves("move", ["Bb2", "e9e9", "f1h3", "f2f3", "Kf1", "f1g2"]),  # SAN, an illegal move, UCI
+    ),
     "echo_env": Case(
         "echo_env.server.echo_environment:EchoEnvironment",
         "openenv.core.env_server.mcp_types:CallToolAction",
