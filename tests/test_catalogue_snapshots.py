@@ -147,6 +147,16 @@ CASES: Dict[str, Case] = {
         _moves("column", [3, 3]),
         _moves("column", [2, 4, 3]),
     ),
+    "textarena_env": Case(
+        "textarena_env.server.textarena_environment:TextArenaEnvironment",
+        "textarena_env.models:TextArenaAction",
+        "textarena_env.models:TextArenaObservation",
+        "textarena_env.models:TextArenaState",
+        {"seed": 3, "game": "Wordle-v0"},  # the seed draws the secret word
+        _moves("message", ["[crane]", "[slate]"]),
+        # a repeated guess and a move without brackets (invalid), then guesses to the last turn
+        _moves("message", ["[crane]", "[pious]", "no move", "[hello]", "[world]", "[fight]"]),
+    ),
 }
 """Environments that fork exactly, and the episode each is checked on."""
 
