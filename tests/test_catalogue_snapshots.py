@@ -8,7 +8,8 @@ original's too (unless the case says its state holds what no two sessions share)
 on 127.0.0.1, each environment's own classes.
 
 A case names the environment's app (built the way its ``server/app.py`` builds it), the reset's
-keywords, the prefix and the continuation (action dicts as the wire carries them). An
+keywords, the prefix and the continuation (action dicts as the wire carries them; ``{"$reset":
+{...}}`` resets with those keywords instead, for state that reaches over episodes). An
 environment that cannot be exact is listed in ``REFUSED`` with why, and the test checks that it
 refuses rather than approximates.
 """
@@ -129,6 +130,25 @@ CASES: Dict[str, Case] = {
         _moves("action", [1, 3, 1]),
         _moves("action", [3, 1, 2, 3, 1]),
     ),
+    "reasoning_gym_env": Case(
+        "reasoning_gym_env.server.reasoning_gym_environment:ReasoningGymEnvironment",
+        "reasoning_gym_env.models:ReasoningGymAction",
+        "reasoning_gym_env.models:ReasoningGymObservation",
+        "reasoning_gym_env.models:ReasoningGymState",
+        {
+            "dataset_name": "composite",
+            "dataset_specs": [{"name": "leg_counting", "weight": 2}, {"name": "chain_sum", "weight": 1}],
+            "seed": 13,
+            "size": 5,
+        },
+        [{"answer": "4"}, {"$reset": {"episode_id": "e1"}}],  # answered; the next question of the dataset
+        # answers, the next questions (wrapping around after size), a second answer refused
+        [
+            {"answer": "12"},
+            *[item for n in range(2, 6) for item in ({"$reset": {"episode_id": f"e{n}"}}, {"answer": "7"})],
+            {"answer": "7"},
+        ],
+    ),
     "snake_env": Case(
         "snake_env.server.snake_environment:SnakeEnvironment",
         "snake_env.models:SnakeAction",
@@ -169,7 +189,7 @@ def _trace(results: List[Any]) -> List[Any]:
 
 
 async def _play(env: Any, actions: List[Dict[str, Any]]) -> List[Any]:
-    return [await env.step(action) for action in actions]
+    return [await (env.reset(**action["$reset"]) if "$reset" in action else env.step(action)) for action in actions]
 
 
 async def _final_state(case: Case, env: Any) -> Any:
