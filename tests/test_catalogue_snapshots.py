@@ -80,6 +80,15 @@ CASES: Dict[str, Case] = {
         _moves("move", ["b2b3", "g2g4", "b1a3", "d2d3"]),
         _moves("move", ["Bb2", "e9e9", "f1h3", "f2f3", "Kf1", "f1g2"]),  # SAN, an illegal move, UCI
     ),
+    "connect4_env": Case(
+        "connect4_env.server.connect4_environment:Connect4Environment",
+        "connect4_env.models:Connect4Action",
+        "connect4_env.models:Connect4Observation",
+        "connect4_env.models:Connect4State",
+        {"seed": 11},
+        _moves("column", [3, 3]),
+        _moves("column", [2, 4, 3]),
+    ),
     "echo_env": Case(
         "echo_env.server.echo_environment:EchoEnvironment",
         "openenv.core.env_server.mcp_types:CallToolAction",
@@ -157,15 +166,6 @@ CASES: Dict[str, Case] = {
         {"seed": 7},
         _moves("action", [0, 1, 0]),
         _moves("action", [0, 2, 0, 0, 1]),
-    ),
-    "connect4_env": Case(
-        "connect4_env.server.connect4_environment:Connect4Environment",
-        "connect4_env.models:Connect4Action",
-        "connect4_env.models:Connect4Observation",
-        "connect4_env.models:Connect4State",
-        {"seed": 11},
-        _moves("column", [3, 3]),
-        _moves("column", [2, 4, 3]),
     ),
     "textarena_env": Case(
         "textarena_env.server.textarena_environment:TextArenaEnvironment",
