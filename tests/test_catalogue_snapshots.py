@@ -3,10 +3,13 @@
 For each environment: a seeded episode, a prefix of steps, then ``fork(8)``. Each fork, given the
 original's next actions, must give the original's observations and rewards; stepping one fork
 must leave the others where they were; and a snapshot restored on a fresh server (same key)
-must continue exactly as well. Real servers on 127.0.0.1, each environment's own classes.
+must continue exactly as well; after the continuation, each session's state must be the
+original's too (unless the case says its state holds what no two sessions share). Real servers
+on 127.0.0.1, each environment's own classes.
 
 A case names the environment's app (built the way its ``server/app.py`` builds it), the reset's
-keywords, the prefix and the continuation (action dicts as the wire carries them). An
+keywords, the prefix and the continuation (action dicts as the wire carries them; ``{"$reset":
+{...}}`` resets with those keywords instead, for state that reaches over episodes). An
 environment that cannot be exact is listed in ``REFUSED`` with why, and the test checks that it
 refuses rather than approximates.
 """
@@ -43,6 +46,7 @@ class Case:
     factory: Optional[Callable[[], Any]] = None  # instead of the class (an env whose app passes one)
     skip: Optional[Callable[[], Optional[str]]] = None  # why this machine cannot run it (None: it can)
     seen: Optional[Callable[[Dict[str, Any]], Any]] = None  # what of an observation must be equal (default: all)
+    compare_state: bool = True  # the state after the continuation must be the original's too
 
     def app(self) -> Any:
         env = self.factory or _find(self.env)
@@ -129,6 +133,56 @@ CASES: Dict[str, Case] = {
         options={"reset_observation_cls": "git_env.models:GitObservation"},
         skip=_no_bubblewrap,
     ),
+    "chess_env": Case(
+        "chess_env.server.chess_environment:ChessEnvironment",
+        "chess_env.models:ChessAction",
+        "chess_env.models:ChessObservation",
+        "chess_env.models:ChessState",
+        {"seed": 9, "opponent": "minimax", "opponent_depth": 2},  # its ties are broken by the seeded generator
+        _moves("move", ["b2b3", "g2g4", "b1a3", "d2d3"]),
+        _moves("move", ["Bb2", "e9e9", "f1h3", "f2f3", "Kf1", "f1g2"]),  # SAN, an illegal move, UCI
+    ),
+    "connect4_env": Case(
+        "connect4_env.server.connect4_environment:Connect4Environment",
+        "connect4_env.models:Connect4Action",
+        "connect4_env.models:Connect4Observation",
+        "connect4_env.models:Connect4State",
+        {"seed": 11},
+        _moves("column", [3, 3]),
+        _moves("column", [2, 4, 3]),
+    ),
+    "echo_env": Case(
+        "echo_env.server.echo_environment:EchoEnvironment",
+        "openenv.core.env_server.mcp_types:CallToolAction",
+        "openenv.core.env_server.mcp_types:CallToolObservation",
+        "openenv.core.env_server.types:State",
+        {"episode_id": "echo-1"},
+        [{"tool_name": "echo_message", "arguments": {"message": m}} for m in ("hi", "there")],
+        [
+            {"tool_name": "echo_with_length", "arguments": {"message": "forked"}},
+            {"tool_name": "echo_message", "arguments": {"message": "again"}},
+            {"tool_name": "no_such_tool", "arguments": {}},
+        ],
+        options={"reset_observation_cls": _find("echo_env.models:EchoObservation")},
+    ),
+    "finqa_env": Case(
+        "finqa_env.server.finqa_environment:FinQAEnvironment",
+        "openenv.core.env_server.mcp_types:CallToolAction",
+        "openenv.core.env_server.mcp_types:CallToolObservation",
+        "finqa_env.models:FinQAState",
+        {"seed": 2},
+        [
+            {"tool_name": "get_descriptions", "arguments": {}},
+            {"tool_name": "get_table_info", "arguments": {"table_name": "income_statement", "company_name": "NWR"}},
+        ],
+        [
+            {"tool_name": "sql_query", "arguments": {"query": "SELECT ticker, name FROM companies ORDER BY ticker"}},
+            {"tool_name": "sql_query", "arguments": {"query": "DROP TABLE companies"}},  # refused: a tool error
+            {"tool_name": "submit_answer", "arguments": {"answer": "131.0"}},  # ends the episode
+            {"tool_name": "get_descriptions", "arguments": {}},  # after the end: refused
+        ],
+        options={"reset_observation_cls": _find("openenv.core.env_server.types:Observation")},
+    ),
     "grid_world_env": Case(
         "grid_world_env.server.grid_world_environment:GridWorldEnvironment",
         "grid_world_env.models:GridWorldAction",
@@ -199,6 +253,7 @@ CASES: Dict[str, Case] = {
         ],
         skip=_no_bubblewrap,
         seen=_without_timing,
+        compare_state=False,  # its state holds the seconds the code took (the observations are compared without them)
     ),
     "shell_env": Case(
         "shell_env.server.shell_environment:ShellEnvironment",
@@ -222,6 +277,25 @@ CASES: Dict[str, Case] = {
         options={"reset_observation_cls": "shell_env.models:ShellObservation"},
         skip=_no_bubblewrap,
     ),
+    "reasoning_gym_env": Case(
+        "reasoning_gym_env.server.reasoning_gym_environment:ReasoningGymEnvironment",
+        "reasoning_gym_env.models:ReasoningGymAction",
+        "reasoning_gym_env.models:ReasoningGymObservation",
+        "reasoning_gym_env.models:ReasoningGymState",
+        {
+            "dataset_name": "composite",
+            "dataset_specs": [{"name": "leg_counting", "weight": 2}, {"name": "chain_sum", "weight": 1}],
+            "seed": 13,
+            "size": 5,
+        },
+        [{"answer": "4"}, {"$reset": {"episode_id": "e1"}}],  # answered; the next question of the dataset
+        # answers, the next questions (wrapping around after size), a second answer refused
+        [
+            {"answer": "12"},
+            *[item for n in range(2, 6) for item in ({"$reset": {"episode_id": f"e{n}"}}, {"answer": "7"})],
+            {"answer": "7"},
+        ],
+    ),
     "snake_env": Case(
         "snake_env.server.snake_environment:SnakeEnvironment",
         "snake_env.models:SnakeAction",
@@ -231,14 +305,15 @@ CASES: Dict[str, Case] = {
         _moves("action", [0, 1, 0]),
         _moves("action", [0, 2, 0, 0, 1]),
     ),
-    "connect4_env": Case(
-        "connect4_env.server.connect4_environment:Connect4Environment",
-        "connect4_env.models:Connect4Action",
-        "connect4_env.models:Connect4Observation",
-        "connect4_env.models:Connect4State",
-        {"seed": 11},
-        _moves("column", [3, 3]),
-        _moves("column", [2, 4, 3]),
+    "textarena_env": Case(
+        "textarena_env.server.textarena_environment:TextArenaEnvironment",
+        "textarena_env.models:TextArenaAction",
+        "textarena_env.models:TextArenaObservation",
+        "textarena_env.models:TextArenaState",
+        {"seed": 3, "game": "Wordle-v0"},  # the seed draws the secret word
+        _moves("message", ["[crane]", "[slate]"]),
+        # a repeated guess and a move without brackets (invalid), then guesses to the last turn
+        _moves("message", ["[crane]", "[pious]", "no move", "[hello]", "[world]", "[fight]"]),
     ),
 }
 """Environments that fork exactly, and the episode each is checked on."""
@@ -280,7 +355,11 @@ def _trace(results: List[Any], case: Optional[Case] = None) -> List[Any]:
 
 
 async def _play(env: Any, actions: List[Dict[str, Any]]) -> List[Any]:
-    return [await env.step(action) for action in actions]
+    return [await (env.reset(**action["$reset"]) if "$reset" in action else env.step(action)) for action in actions]
+
+
+async def _final_state(case: Case, env: Any) -> Any:
+    return await env.state() if case.compare_state else None
 
 
 def _skip(case: Case) -> None:
@@ -303,12 +382,14 @@ def test_fork_into_eight_and_restore_elsewhere_continue_exactly(name: str) -> No
                 forks = await env.fork(FORKS)
                 expected = _trace(await _play(env, case.following), case)
                 assert expected, "the continuation must have steps"
+                final = await _final_state(case, env)
                 for fork in forks:  # one after another: a fork that shared state with another would drift
                     assert _trace(await _play(fork, case.following), case) == expected
+                    assert await _final_state(case, fork) == final
                 assert prefix  # (the prefix ran)
-                return snapshot, expected
+                return snapshot, expected, final
 
-        snapshot, expected = asyncio.run(fork_and_compare())
+        snapshot, expected, final = asyncio.run(fork_and_compare())
 
         async def forks_are_independent() -> None:
             async with GenericEnvClient(base_url=server.base_url) as env:
@@ -326,6 +407,7 @@ def test_fork_into_eight_and_restore_elsewhere_continue_exactly(name: str) -> No
             async with GenericEnvClient(base_url=fresh.base_url) as env:
                 await env.restore(snapshot)
                 assert _trace(await _play(env, case.following), case) == expected
+                assert await _final_state(case, env) == final
 
         asyncio.run(restore_on_a_fresh_server())
 
@@ -348,3 +430,11 @@ def test_environments_that_cannot_be_exact_refuse(name: str) -> None:
                 await _play(env, case.following)  # and the session goes on
 
         asyncio.run(main())
+
+
+def test_every_catalogue_environment_is_covered() -> None:
+    """Each package of envs/ forks exactly (CASES); REFUSED lists configurations that refuse."""
+    from .test_catalogue import PACKAGES
+
+    assert {name.split(":")[0] for name in CASES} == set(PACKAGES)
+    assert {name.split(":")[0] for name in REFUSED} <= set(PACKAGES)

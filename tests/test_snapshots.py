@@ -14,6 +14,7 @@ from typing import Any, List, Optional
 
 import httpx
 import pytest
+from fastmcp import Context, FastMCP
 
 from openenv.core.client_errors import (
     CapacityReachedError,
@@ -24,9 +25,12 @@ from openenv.core.client_types import Snapshot
 from openenv.core.env_server.exceptions import SnapshotUnsupportedError
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.interfaces import Environment
+from openenv.core.env_server.mcp_environment import MCPEnvironment
+from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
 from openenv.core.env_server.snapshot_data import UnsavableError, decode, encode
 from openenv.core.env_server.types import Action, Observation, State
 from openenv.core.generic_client import GenericEnvClient
+from openenv.core.mcp_client import MCPToolClient
 
 from .conftest import serve
 
@@ -524,5 +528,98 @@ def test_fork_of_a_large_session_waits_for_a_busy_servers_budget(monkeypatch: An
                 expected = trace(await _play(env, [3, 1]))
                 for fork in forks:
                     assert trace(await _play(fork, [3, 1])) == expected
+
+        asyncio.run(main())
+
+
+class TallyEnv(MCPEnvironment):
+    """An MCP environment whose tool keeps per-session state in the environment's attributes: a
+    seeded generator and a running tally. Its own SNAPSHOT_EXCLUDE (a lock, say a cache's) adds to
+    the base's (the FastMCP server, the tool tables, the client connection)."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+    SUPPORTS_SNAPSHOT = True
+    SNAPSHOT_EXCLUDE = ("_guard",)
+
+    def __init__(self) -> None:
+        mcp = FastMCP("tally")
+        self.rng = random.Random(0)
+        self.tally: List[int] = []
+        self._guard = threading.Lock()  # a snapshot cannot carry it: it must be left out
+
+        @mcp.tool
+        def draw(bet: int = 1) -> dict:
+            """Draw a number and add it, times ``bet``, to the tally."""
+            self.tally.append(self.rng.randint(1, 100) * bet)
+            return {"sum": sum(self.tally), "draws": len(self.tally), "noise": self.rng.random()}
+
+        super().__init__(mcp)
+
+    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> Observation:
+        self.rng = random.Random(seed)
+        self.tally = []
+        return Observation()
+
+    def _step_impl(self, action: Any, timeout_s: Optional[float] = None, **kwargs: Any) -> Observation:
+        return Observation()
+
+    @property
+    def state(self) -> State:
+        return State(step_count=len(self.tally))
+
+
+class ContextTallyEnv(TallyEnv):
+    """Keeps a tool's state with FastMCP's Context instead (``ctx.set_state``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+        @self.mcp_server.tool
+        async def bump(ctx: Context) -> int:
+            total = (await ctx.get_state("total") or 0) + 1
+            await ctx.set_state("total", total)
+            return total
+
+
+def test_mcp_tool_state_kept_in_the_environment_forks_over_tools_call_on_ws() -> None:
+    saved = TallyEnv().snapshot_state()
+    assert set(saved) == {"transform", "rubric", "rng", "tally"}  # the base's machinery, and _guard, left out
+    app = create_app(TallyEnv, CallToolAction, CallToolObservation, env_name="tally", max_concurrent_envs=16)
+    with serve(app) as server:
+
+        async def main() -> None:
+            async with MCPToolClient(base_url=server.base_url) as env:  # tools/call as MCP frames on /ws
+                await env.reset(seed=5)
+                for bet in (1, 2, 3):
+                    await env.call_tool("draw", bet=bet)
+                forks = await env.fork(8)
+                expected = [await env.call_tool("draw", bet=bet) for bet in (2, 1, 4)]
+                assert expected[0]["draws"] == 4
+                for fork in forks:  # each fork's tool state is the original's at the fork
+                    assert [await fork.call_tool("draw", bet=bet) for bet in (2, 1, 4)] == expected
+                (late,) = await env.fork(1)  # forks are independent: this one starts where env is
+                assert (await late.call_tool("draw"))["draws"] == 7
+                assert (await forks[0].call_tool("draw"))["draws"] == 7
+
+        asyncio.run(main())
+
+
+def test_mcp_tool_state_in_fastmcp_context_is_refused_not_dropped() -> None:
+    """What a tool keeps with FastMCP's Context lives in FastMCP's session store, out of a
+    snapshot's reach: once such a tool has run in the session, snapshots are refused, saying why;
+    a restore drops the restoring instance's connection (the saved session had none)."""
+    app = create_app(ContextTallyEnv, CallToolAction, CallToolObservation, env_name="ctx", max_concurrent_envs=4)
+    with serve(app) as server:
+
+        async def main() -> None:
+            async with MCPToolClient(base_url=server.base_url) as env:
+                await env.reset(seed=1)
+                before = await env.snapshot()  # no Context tool called yet: nothing out of reach
+                assert [await env.call_tool("bump"), await env.call_tool("bump")] == [1, 2]
+                with pytest.raises(NotSupportedError, match=r"FastMCP's Context.*ctx\.set_state"):
+                    await env.snapshot()
+                assert await env.call_tool("bump") == 3  # the session goes on
+                await env.restore(before)
+                assert await env.call_tool("bump") == 1  # as the saved session would have answered
 
         asyncio.run(main())

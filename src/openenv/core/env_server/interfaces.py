@@ -30,7 +30,8 @@ and restore it on another server (``EnvClient.fork``, ``snapshot``, ``restore``)
   data in its own exact format (:mod:`.snapshot_data`), seals it with its key, and loads it only
   into an instance of the same class and ``SNAPSHOT_VERSION``.
 * By default both work on the instance's attributes (all but ``host`` and the names in
-  ``SNAPSHOT_EXCLUDE``, which keep the restoring instance's values): right for an environment
+  ``SNAPSHOT_EXCLUDE`` of its class and of every base class, which keep the restoring
+  instance's values): right for an environment
   whose state is plain Python data (numbers, strings, containers, pydantic models, dataclasses,
   ``random.Random``, NumPy arrays). An attribute a snapshot cannot carry (an open file, a
   subprocess, a lock, a lambda) is refused by name.
@@ -148,6 +149,16 @@ _NOT_SAVED = frozenset({"host"})
 """Attributes no snapshot carries: the server sets them on each instance it builds."""
 
 
+def _left_out(cls: type) -> frozenset:
+    """What the default snapshot leaves out of an instance of ``cls``: ``host`` and the
+    ``SNAPSHOT_EXCLUDE`` of ``cls`` and of each of its bases."""
+    names = set(_NOT_SAVED)
+    for klass in cls.__mro__:
+        excluded = vars(klass).get("SNAPSHOT_EXCLUDE", ())
+        names.update((excluded,) if isinstance(excluded, str) else excluded)
+    return frozenset(names)
+
+
 class Environment(ABC, Generic[ActT, ObsT, StateT]):
     """Base class of every environment; see the module docstring for the contract."""
 
@@ -185,7 +196,9 @@ class Environment(ABC, Generic[ActT, ObsT, StateT]):
 
     SNAPSHOT_EXCLUDE: Tuple[str, ...] = ()
     """Attributes the default ``snapshot_state`` leaves out (caches, handles rebuilt by the
-    constructor): a restored instance keeps its own values of them."""
+    constructor): a restored instance keeps its own values of them. A class's names add to its
+    base classes' (a subclass of :class:`~.mcp_environment.MCPEnvironment` names only its own
+    attributes; the base's FastMCP server and tables stay out as well)."""
 
     host: EnvironmentHost = OUTSIDE_A_SERVER
     """The server this instance runs in: its mode and worker pool (:class:`EnvironmentHost`). The
@@ -228,13 +241,13 @@ class Environment(ABC, Generic[ActT, ObsT, StateT]):
     def snapshot_state(self) -> Any:
         """This session's state as plain Python data (see the module docstring). By default, the
         instance's attributes but ``host`` and those in ``SNAPSHOT_EXCLUDE``."""
-        left_out = _NOT_SAVED.union(self.SNAPSHOT_EXCLUDE)
+        left_out = _left_out(type(self))
         return {name: value for name, value in vars(self).items() if name not in left_out}
 
     def restore_state(self, data: Any) -> None:
         """Continue from ``data``, what ``snapshot_state`` of an instance of this class returned.
         By default, the instance's attributes become those saved (those left out stay)."""
-        left_out = _NOT_SAVED.union(self.SNAPSHOT_EXCLUDE)
+        left_out = _left_out(type(self))
         kept = {name: value for name, value in vars(self).items() if name in left_out}
         vars(self).clear()
         vars(self).update(data)
