@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 import shutil
+import threading
 import warnings
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -241,6 +242,7 @@ def test_a_good_environment_passes_every_check_and_the_report_says_what_was_chec
         "env.wire",
         "env.seed_determinism",
         "env.step_after_done",
+        "env.snapshot",
         "env.close",
     ]
     assert all(c.ok and c.title and c.detail for c in report.checks)
@@ -472,3 +474,50 @@ def test_check_url_reports_a_server_that_is_not_there():
     report = check_url(url, timeout_s=5, raise_on_failure=False)
     assert not report.ok and "GET /health failed" in failed(report)["http.health"]
     assert status(report, "ws.round_trip") == "skipped"
+
+
+# --- snapshots ---------------------------------------------------------------------------------
+
+
+class SnapshotCounterEnv(CounterEnv):
+    SUPPORTS_SNAPSHOT = True
+
+
+class ForgetfulSnapshotEnv(CounterEnv):
+    """Claims snapshots but leaves its counter out of them: a loaded snapshot does not go back."""
+
+    SUPPORTS_SNAPSHOT = True
+    SNAPSHOT_EXCLUDE = ("_state",)
+
+
+class LockedSnapshotEnv(CounterEnv):
+    SUPPORTS_SNAPSHOT = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.guard = threading.Lock()
+
+
+def test_snapshots_are_checked_where_the_class_claims_them():
+    assert status(check_env(CounterEnv, raise_on_failure=False), "env.snapshot") == "skipped"
+    report = check_env(SnapshotCounterEnv)
+    assert status(report, "env.snapshot") == "passed" and "repeated exactly" in detail(report, "env.snapshot")
+    forgetful = check_env(ForgetfulSnapshotEnv, raise_on_failure=False)
+    assert status(forgetful, "env.snapshot") == "failed"
+    assert "the same actions gave other observations" in detail(forgetful, "env.snapshot")
+    locked = check_env(LockedSnapshotEnv, raise_on_failure=False)
+    assert status(locked, "env.snapshot") == "failed" and "self.guard holds a lock" in detail(locked, "env.snapshot")
+
+
+def test_check_url_checks_snapshots_over_the_wire():
+    assert status(check_url_of(CounterEnv), "ws.snapshot") == "skipped"  # the class does not claim them
+    report = check_url_of(SnapshotCounterEnv)
+    assert status(report, "ws.snapshot") == "passed" and "repeated exactly" in detail(report, "ws.snapshot")
+    forgetful = check_url_of(ForgetfulSnapshotEnv)
+    assert status(forgetful, "ws.snapshot") == "failed"
+    assert "the same actions gave other observations" in detail(forgetful, "ws.snapshot")
+
+
+def check_url_of(env_cls):
+    with BackgroundServer(counter_app(env_cls)) as server:
+        return check_url(server.base_url, raise_on_failure=False)

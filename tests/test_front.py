@@ -302,3 +302,31 @@ def test_a_killed_process_ends_only_its_own_sessions_and_comes_back() -> None:
         finally:
             for client in clients:
                 client.close()
+
+
+# --- forks behind one URL ---------------------------------------------------------------------------
+
+GRID_WORLD = str(Path(__file__).resolve().parents[1] / "envs" / "grid_world_env")
+
+
+def test_forks_spread_over_the_processes_and_continue_exactly() -> None:
+    """The processes behind one URL share a snapshot key (the pool draws one): ``fork`` opens its
+    sessions through the front, which spreads them, and each continues from the fork point on
+    whichever process it landed."""
+    from openenv.core.generic_client import GenericEnvClient
+
+    moves = [{"action": a} for a in ("RIGHT", "DOWN", "RIGHT", "DOWN")]
+    with SandboxPool(GRID_WORLD, workers=2) as grid:
+
+        async def main() -> None:
+            async with GenericEnvClient(base_url=grid.base_url) as env:
+                await env.reset(seed=2)
+                await env.step({"action": "DOWN"})
+                forks = await env.fork(3)
+                expected = [(r.observation, r.reward) for r in [await env.step(m) for m in moves]]
+                owners = {client._resume[0].split("-")[0] for client in [env, *forks]}  # (id, resume token)
+                assert owners == {"w0", "w1"}
+                for fork in forks:
+                    assert [(r.observation, r.reward) for r in [await fork.step(m) for m in moves]] == expected
+
+        asyncio.run(main())

@@ -4,6 +4,7 @@ turned back into Gymnasium environments (to_gymnasium, make_vector_env) against 
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from typing import Any, Iterator, List
 
@@ -14,8 +15,9 @@ from gymnasium import spaces
 from gymnasium.utils.env_checker import check_env, data_equivalence
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from openenv.core.client_errors import EnvironmentExecutionError
+from openenv.core.client_errors import EnvironmentExecutionError, NotSupportedError
 from openenv.core.env_server.http_server import create_app
+from openenv.core.env_server.snapshot_data import decode, encode
 from openenv.core.generic_client import GenericEnvClient
 from openenv.gymnasium import (
     GymnasiumAction,
@@ -367,3 +369,108 @@ def test_a_star_allows_any_registered_id_but_never_a_module_import() -> None:
     with pytest.raises(ValueError, match=r"gymnasium.make\('NoSuchEnv-v0'\) failed"):
         env.reset(env_id="NoSuchEnv-v0")
     env.close()
+
+
+# --- snapshots ------------------------------------------------------------------------------
+
+WINDOWED_ENV = "openenv-test/Windowed-v0"
+
+
+class Windowed(Rooms):
+    """Rooms with a render window of its own (here an open file): not plain data."""
+
+    def reset(self, *, seed: Any = None, options: Any = None) -> Any:
+        if getattr(self, "window", None) is None:
+            self.window = open(__file__, "rb")
+        return super().reset(seed=seed, options=options)
+
+    def close(self) -> None:
+        window, self.window = getattr(self, "window", None), None
+        if window is not None:
+            window.close()
+
+
+gymnasium.register(WINDOWED_ENV, entry_point=Windowed)
+
+
+class Snapshotted(GymnasiumEnvironment):
+    ENV_IDS = (DICT_ENV, "FrozenLake-v1", WINDOWED_ENV)
+    MAKE_KWARGS = ("is_slippery", "max_episode_steps")
+
+
+def _seen(result: Any) -> Any:
+    return result.observation, result.reward, result.done
+
+
+def snapshot_app(env: Any = Snapshotted) -> Any:
+    return create_app(
+        env,
+        GymnasiumAction,
+        GymnasiumObservation,
+        env_name="gymnasium",
+        max_concurrent_envs=8,
+        state_cls=GymnasiumState,
+        snapshot_key="gymnasium-snapshots",
+    )
+
+
+@pytest.mark.parametrize(
+    "reset, actions",
+    [
+        # NumPy's generator drawn at every step, Dict/Tuple/MultiDiscrete spaces, a TimeLimit
+        ({"env_id": DICT_ENV, "max_episode_steps": 9}, [[0, 2], [2, 2], [1, 0], [2, 1]] * 3),
+        # the slippery lake draws its moves from np_random
+        ({"env_id": "FrozenLake-v1", "is_slippery": True}, [2, 1, 1, 2, 1, 2, 2, 1, 0, 3]),
+    ],
+)
+async def test_a_session_forks_and_restores_exactly(reset: dict, actions: List[Any]) -> None:
+    with serve(snapshot_app()) as server:
+        async with GenericEnvClient(base_url=server.base_url) as env:
+            await env.reset(seed=5, **reset)
+            for action in actions[:3]:
+                await env.step({"action": action})
+            snapshot = await env.snapshot()
+            forks = await env.fork(2)
+            expected = [_seen(await env.step({"action": a})) for a in actions[3:]]
+            assert any(done for _, _, done in expected)  # past the episode's end too
+            for fork in forks:
+                assert [_seen(await fork.step({"action": a})) for a in actions[3:]] == expected
+                assert await fork.state() == await env.state()
+    with serve(snapshot_app()) as fresh:
+        async with GenericEnvClient(base_url=fresh.base_url) as env:
+            await env.restore(snapshot)
+            assert [_seen(await env.step({"action": a})) for a in actions[3:]] == expected
+
+
+async def test_an_environment_that_is_not_plain_data_is_refused_and_goes_on() -> None:
+    with serve(snapshot_app()) as server:
+        async with GenericEnvClient(base_url=server.base_url) as env:
+            await env.reset(seed=1, env_id=WINDOWED_ENV)
+            with pytest.raises(NotSupportedError) as refused:
+                await env.snapshot()
+            message = str(refused.value)
+            assert f"{WINDOWED_ENV} cannot be snapshotted exactly" in message
+            assert re.search(r"self\._env(\.env)+\.window holds an open file", message)  # through the wrappers
+            await env.step({"action": [1, 1]})
+
+
+class CartPoleOnly(GymnasiumEnvironment):
+    ENV_IDS = ("CartPole-v1",)
+
+
+def test_a_snapshot_restores_only_where_its_environment_is_served() -> None:
+    env = Snapshotted()
+    env.reset(seed=2, env_id="FrozenLake-v1", is_slippery=True)
+    data = decode(encode(env.snapshot_state()))  # as a server carries it
+    elsewhere = CartPoleOnly()
+    with pytest.raises(ValueError, match="'FrozenLake-v1' is not served here"):
+        elsewhere.restore_state(data)
+    assert elsewhere._env is None  # nothing was loaded
+    again = Snapshotted()
+    again.reset(seed=0, env_id=DICT_ENV)
+    before = again._env
+    again.restore_state(data)
+    assert again._env is not before and again.state == env.state  # the one it held was closed
+    assert again.step(GymnasiumAction(action=1)) == env.step(GymnasiumAction(action=1))
+    env.close()
+    again.close()

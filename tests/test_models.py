@@ -587,6 +587,8 @@ def test_scalar_alias_is_int_float_bool() -> None:
                 "MESSAGE_TOO_LARGE": "MESSAGE_TOO_LARGE",
                 "UNSUPPORTED_FRAME": "UNSUPPORTED_FRAME",
                 "SERVER_BUSY": "SERVER_BUSY",
+                "SNAPSHOT_REFUSED": "SNAPSHOT_REFUSED",
+                "NOT_SUPPORTED": "NOT_SUPPORTED",
             },
         ),
         (McpMethod, {"TOOLS_LIST": "tools/list", "TOOLS_CALL": "tools/call"}),

@@ -131,6 +131,37 @@ def test_a_pool_client_works_in_sync_code(pool):
         assert env.step(echo("hello")).observation["result"]["data"] == "hello"
 
 
+GRID_WORLD = str(Path(__file__).resolve().parents[1] / "envs" / "grid_world_env")
+
+
+async def test_a_session_forks_and_restores_across_replicas_on_other_nodes(cluster):
+    """The replicas share the pool's snapshot key: a session snapshotted on one node's replica
+    continues exactly on the other's, and ``pool.fork`` spreads forks over the replicas."""
+    from openenv.core.generic_client import GenericEnvClient
+
+    moves = [{"action": a} for a in ("RIGHT", "DOWN", "RIGHT", "DOWN", "LEFT")]
+    with RayEnvPool(GRID_WORLD, replicas=2, placement="STRICT_SPREAD", resources_per_replica=HALF_A_CPU) as grid:
+        first, second = grid.replicas
+        assert first.node_id != second.node_id
+        original = GenericEnvClient(base_url=first.base_url, headers=grid.headers)
+        elsewhere = GenericEnvClient(base_url=second.base_url, headers=grid.headers)
+        try:
+            await original.reset(seed=4)
+            await original.step({"action": "DOWN"})
+            snapshot = await original.snapshot()
+            forks = await grid.fork(original, 2)
+            expected = [(r.observation, r.reward, r.done) for r in [await original.step(m) for m in moves]]
+            await elsewhere.restore(snapshot)
+            assert [(r.observation, r.reward, r.done) for r in [await elsewhere.step(m) for m in moves]] == expected
+            assert {fork.base_url for fork in forks} == {first.base_url, second.base_url}  # one on each node
+            for fork in forks:
+                assert [(r.observation, r.reward, r.done) for r in [await fork.step(m) for m in moves]] == expected
+            await asyncio.gather(*(fork.close() for fork in forks))
+        finally:
+            await original.close()
+            await elsewhere.close()
+
+
 async def test_a_replica_refuses_clients_without_the_pool_token(pool):
     from echo_env import EchoEnv
 

@@ -425,6 +425,33 @@ def test_the_repl_restarts_after_its_worker_dies_between_calls(repl):
     assert result.stdout == "2\n" and "previous worker died (exit code 5)" in result.stderr
 
 
+@pytest.mark.parametrize("isolation", ["sandbox", "none"])
+def test_the_repl_says_what_runs_in_the_background_and_only_looks(isolation):
+    with PythonREPL(isolation=isolation) as repl:
+        assert repl.background() is None  # no worker yet
+        repl.execute("x = 1")
+        assert repl.background() is None
+        repl.execute(
+            "import threading, time\nt = threading.Thread(target=time.sleep, args=(30,), daemon=True)\nt.start()"
+        )
+        assert (
+            repl.background()
+            == "the cells left work running: 0 process(es) and 1 thread(s) more than the idle worker's"
+        )
+        repl.execute("import subprocess\np = subprocess.Popen(['sleep', '30'])")
+        assert "1 process(es) and 1 thread(s) more" in (repl.background() or "")
+        repl.execute("p.kill(); p.wait()")
+        repl.execute("q = subprocess.Popen(['sh', '-c', 'sleep 0.3; echo late'])")
+        eventually(lambda: repl.background() == "output of work running in the background is waiting to be read")
+        # looking read nothing and ran no cell: the output goes to the next call, as without it
+        assert repl.execute("q.wait()").stdout == "late\n0\n"
+        assert "<cell 7>" in repl.execute("1/0").stderr
+        repl.execute("import os, threading\nthreading.Timer(0.1, os._exit, [5]).start()")
+        eventually(
+            lambda: repl.background() == "the worker has exited since the last call (the next call starts a fresh one)"
+        )
+
+
 def test_the_repl_runs_sandboxed_and_reset_clears_it(repl, listener):
     repl.execute("x = 1")
     assert repl.execute(CONNECT.format(port=listener)).stdout.startswith("blocked")

@@ -258,34 +258,52 @@ def test_list_shows_installed_environment_packages():
     assert any(line.split()[:3] == ["echo", "0.1.0", "echo_env.EchoEnv"] for line in narrow.stdout.splitlines())
 
 
+def _env(*args):
+    """``_server_env`` without the snapshot key (drawn at random; see the test of it below)."""
+    from openenv.cli.commands.serve import _server_env
+
+    env = _server_env(*args)
+    assert len(env.pop("OPENENV_SNAPSHOT_KEY")) >= 32
+    return env
+
+
+def test_the_servers_of_one_command_share_a_snapshot_key_this_shell_may_give(monkeypatch):
+    """Every server of one ``openenv serve`` (the workers of --workers, each reload) gets the
+    same key, so that their snapshots restore on each other; the shell's key wins."""
+    from openenv.cli.commands.serve import _server_env
+
+    monkeypatch.delenv("OPENENV_SNAPSHOT_KEY", raising=False)
+    drawn = _server_env("127.0.0.1", [], None)["OPENENV_SNAPSHOT_KEY"]
+    assert len(drawn) == 64 and drawn != _server_env("127.0.0.1", [], None)["OPENENV_SNAPSHOT_KEY"]
+    monkeypatch.setenv("OPENENV_SNAPSHOT_KEY", "the-cluster-key")
+    assert _server_env("127.0.0.1", [], None)["OPENENV_SNAPSHOT_KEY"] == "the-cluster-key"
+    assert _server_env("127.0.0.1", ["OPENENV_SNAPSHOT_KEY=given"], None)["OPENENV_SNAPSHOT_KEY"] == "given"
+
+
 def test_listening_beyond_this_machine_keeps_exception_texts_from_clients(monkeypatch):
     """What ``--host`` implies for the server's environment. (The tests may not listen on a
     public interface, so this checks the decision, not a server on 0.0.0.0.)"""
-    from openenv.cli.commands.serve import _server_env
-
-    for name in ("OPENENV_AUTH_TOKEN", "OPENENV_ALLOWED_HOSTS", "OPENENV_ALLOWED_ORIGINS"):
+    for name in ("OPENENV_AUTH_TOKEN", "OPENENV_ALLOWED_HOSTS", "OPENENV_ALLOWED_ORIGINS", "OPENENV_SNAPSHOT_KEY"):
         monkeypatch.delenv(name, raising=False)
-    assert _server_env("127.0.0.1", [], None) == {}
-    assert _server_env("localhost", ["A=1"], 3) == {"A": "1", "OPENENV_MAX_SESSIONS": "3"}
-    assert _server_env("::1", [], None) == {}
+    assert _env("127.0.0.1", [], None) == {}
+    assert _env("localhost", ["A=1"], 3) == {"A": "1", "OPENENV_MAX_SESSIONS": "3"}
+    assert _env("::1", [], None) == {}
     for host in ("0.0.0.0", "::", "192.0.2.4"):
-        assert _server_env(host, [], None) == {"OPENENV_ERROR_DETAILS": "0"}, host
-    assert _server_env("0.0.0.0", ["OPENENV_ERROR_DETAILS=1"], None) == {"OPENENV_ERROR_DETAILS": "1"}
+        assert _env(host, [], None) == {"OPENENV_ERROR_DETAILS": "0"}, host
+    assert _env("0.0.0.0", ["OPENENV_ERROR_DETAILS=1"], None) == {"OPENENV_ERROR_DETAILS": "1"}
 
 
 def test_what_browsers_may_use_is_handed_to_the_sandboxed_server(monkeypatch):
     """The server in the sandbox sees only the environment the command gives it: the names and
     origins this shell allows reach it, and a name given as --host is one browsers may use."""
-    from openenv.cli.commands.serve import _server_env
-
     monkeypatch.delenv("OPENENV_AUTH_TOKEN", raising=False)
     monkeypatch.setenv("OPENENV_ALLOWED_ORIGINS", "https://trainer.example.org")
     monkeypatch.setenv("OPENENV_ALLOWED_HOSTS", "envs.lan")
-    assert _server_env("127.0.0.1", [], None) == {
+    assert _env("127.0.0.1", [], None) == {
         "OPENENV_ALLOWED_ORIGINS": "https://trainer.example.org",
         "OPENENV_ALLOWED_HOSTS": "envs.lan",
     }
-    named = _server_env("envs.example.org", [], None)
+    named = _env("envs.example.org", [], None)
     assert named["OPENENV_ALLOWED_HOSTS"] == "envs.lan,envs.example.org"
     assert named["OPENENV_ERROR_DETAILS"] == "0"
 

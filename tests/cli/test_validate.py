@@ -44,6 +44,7 @@ RUNTIME_CHECKS = [
     "ws.round_trip",
     "ws.invalid_action",
     "ws.seed_determinism",
+    "ws.snapshot",
     "ws.concurrent_sessions",
 ]
 
@@ -107,7 +108,7 @@ def test_the_echo_env_passes_static_and_runtime_checks_in_a_sandbox(capsys):
 def test_a_complete_package_with_a_seeded_random_env_passes_without_warnings(capsys):
     code, report = validate_json(capsys, str(DICE))
     assert code == 0
-    assert report["summary"] == {"passed": 19, "warning": 0, "failed": 0, "skipped": 1}
+    assert report["summary"] == {"passed": 20, "warning": 0, "failed": 0, "skipped": 1}
     assert statuses(report)["mcp.tools"] == "skipped"  # not an MCP environment
     assert "seed=4321 a different episode" in detail(report, "ws.seed_determinism")
     assert "max_concurrent_envs=4" in detail(report, "ws.concurrent_sessions")
@@ -119,7 +120,7 @@ def test_the_human_report_is_a_table_with_a_summary_and_progress_on_stderr(capsy
     assert code == 0
     for id in RUNTIME_CHECKS:
         assert id in out
-    assert "19 passed, 0 failed, 0 warnings, 1 skipped: PASSED" in out
+    assert "20 passed, 0 failed, 0 warnings, 1 skipped: PASSED" in out
     assert "Starting dice_env in a sandbox" in err and "Stopping the server" in err
     lines = out.splitlines()
     assert not any(ch in out for ch in "┏┃│└━"), out  # no box to wrap badly
@@ -506,6 +507,7 @@ class CoinEnv(Environment[CoinAction, CoinObservation, CoinState]):
     """Counts heads in coin flips drawn from a generator seeded at reset."""
 
     SUPPORTS_CONCURRENT_SESSIONS = True
+    SUPPORTS_SNAPSHOT = True
 
     def __init__(self) -> None:
         import random

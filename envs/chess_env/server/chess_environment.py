@@ -77,9 +77,18 @@ def _env_int(name: str, default: int) -> int:
 
 
 class ChessEnvironment(Environment[ChessAction, ChessObservation, ChessState]):
-    """Chess, the agent against a built-in opponent; see the module docstring."""
+    """Chess, the agent against a built-in opponent; see the module docstring.
+
+    Snapshots save the game as python-chess itself writes it: the position the game started from
+    (its FEN, with the en-passant square as the board holds it) and every move since, in UCI; a
+    restore replays them onto a new board, so its move stack, and with it the repetition and
+    fifty-move history that draw claims read, is the original's. With it: the opponent's seeded
+    generator (its next choices), its last move, the agent's move count, the termination and the
+    state, and the session's defaults.
+    """
 
     SUPPORTS_CONCURRENT_SESSIONS = True
+    SUPPORTS_SNAPSHOT = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -173,6 +182,33 @@ class ChessEnvironment(Environment[ChessAction, ChessObservation, ChessState]):
     @property
     def state(self) -> ChessState:
         return self._state
+
+    def snapshot_state(self) -> Any:
+        data = super().snapshot_state()
+        board: Optional[chess.Board] = data.pop("_board")
+        data["_board"] = None
+        if board is not None:
+            data["_board"] = {
+                "start": board.root().fen(en_passant="fen"),
+                "chess960": board.chess960,
+                "moves": [move.uci() for move in board.move_stack],
+            }
+        move: Optional[chess.Move] = data.pop("_opponent_move")
+        data["_opponent_move"] = None if move is None else move.uci()
+        return data
+
+    def restore_state(self, data: Any) -> None:
+        data = dict(data)
+        saved = data.pop("_board")
+        board = None
+        if saved is not None:
+            board = chess.Board(saved["start"], chess960=saved["chess960"])
+            for uci in saved["moves"]:
+                board.push(chess.Move.from_uci(uci))
+        move = data.pop("_opponent_move")
+        super().restore_state(
+            {**data, "_board": board, "_opponent_move": None if move is None else chess.Move.from_uci(move)}
+        )
 
     def get_metadata(self) -> EnvironmentMetadata:
         return EnvironmentMetadata(

@@ -215,3 +215,58 @@ def test_the_readme_example_runs_as_written() -> None:
     assert lines[9] == "-0.1 illegal move 'Qxe1' in this position"
     assert lines[10] == "0-1 checkmate 1.0"
     assert re.fullmatch(r"(1-0|0-1|1/2-1/2) \w+ (1\.0|-1\.0|0\.0)", lines[11])
+
+
+def _history(board: chess.Board) -> list:
+    """Every position of the game back to its start (with the en-passant square as held)."""
+    board = board.copy()
+    positions = [board.fen(en_passant="fen")]
+    while board.move_stack:
+        board.pop()
+        positions.append(board.fen(en_passant="fen"))
+    return positions
+
+
+@pytest.mark.parametrize("opponent", ["random", "minimax"])
+def test_a_restored_snapshot_replays_the_game_and_the_opponent_exactly(opponent: str) -> None:
+    """In process: the board comes back move for move (its whole history, which draw claims read,
+    from a FEN start with an en-passant square), and the seeded opponent answers as it would have."""
+    from chess_env.server.chess_environment import ChessEnvironment
+
+    from openenv.core.env_server.snapshots import SnapshotSeal
+
+    seal = SnapshotSeal()
+    start = "rnbqkbnr/ppp1pppp/8/3pP3/8/8/PPPP1PPP/RNBQKBNR w KQkq d6 0 3"  # exd6 e.p. is legal
+    original, twin = ChessEnvironment(), ChessEnvironment()
+    original.reset(seed=5, opponent=opponent, opponent_depth=1, fen=start)
+    rng = random.Random(2)
+    for _ in range(3):
+        original.step(ChessAction(move=rng.choice(sorted(original._board.legal_moves, key=str)).uci()))
+    before = seal.seal(original)
+    seal.restore(twin, before)
+    assert twin._board is not original._board and _history(twin._board) == _history(original._board)
+    assert twin._board.root().ep_square == chess.D6
+    assert twin._opponent_move == original._opponent_move and twin.state == original.state
+
+    def play(env: ChessEnvironment) -> list:
+        pick = random.Random(3)
+        out = []
+        for _ in range(6):
+            observation = env.step(ChessAction(move=pick.choice(sorted(env._board.legal_moves, key=str)).uci()))
+            out.append((observation.model_dump(), env._board.can_claim_draw()))
+        return [*out, _history(env._board), env.state.model_dump()]
+
+    assert play(twin) == play(original)
+
+
+def test_a_snapshot_of_a_session_before_its_first_reset_restores_too() -> None:
+    from chess_env.server.chess_environment import ChessEnvironment
+
+    from openenv.core.env_server.snapshots import SnapshotSeal
+
+    seal = SnapshotSeal()
+    fresh, played = ChessEnvironment(), ChessEnvironment()
+    played.reset(seed=1)
+    played.step(ChessAction(move="e4"))
+    seal.restore(played, seal.seal(fresh))
+    assert played._board is None and played.step(ChessAction(move="e4")).error.startswith("no game")

@@ -9,6 +9,12 @@ Reward: upstream's shaping rules, summed per step. Code matching a "dangerous" p
 (``import os``, ``import subprocess``, ``eval(``, ``exec(``, ``__import__``, ``open(``) costs
 1.0; code of at most 100 characters (stripped) earns 0.1; code that does not parse costs 0.2.
 There is no task-correctness reward.
+
+Snapshots (``EnvClient.fork`` / ``snapshot`` / ``restore``) save the episode's state: its seed
+and its :class:`CodeState` (step count, last exit code), which together decide each next step's
+``random`` seed and ``PYTHONHASHSEED``. No process or file lives between steps, so there is
+nothing else to save. The sandbox's configuration (time and memory limits, isolation, packages,
+the reward's rules) is the server's and stays the restoring server's.
 """
 
 from __future__ import annotations
@@ -94,6 +100,9 @@ class CodingEnvironment(Environment[CodeAction, CodeObservation, CodeState]):
     """
 
     SUPPORTS_CONCURRENT_SESSIONS = True
+    SUPPORTS_SNAPSHOT = True
+    SNAPSHOT_EXCLUDE = ("timeout_s", "limits", "max_output_bytes", "isolation", "reward", "packages")
+    """The server's configuration, not the session's (see the module docstring)."""
 
     def __init__(
         self,

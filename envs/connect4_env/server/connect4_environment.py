@@ -35,6 +35,7 @@ class Connect4Environment(Environment[Connect4Action, Connect4Observation, Conne
     """Connect Four, the agent against a built-in opponent; see the module docstring."""
 
     SUPPORTS_CONCURRENT_SESSIONS = True
+    SUPPORTS_SNAPSHOT = True  # its state is plain Python data: the default snapshot_state carries it exactly
     RUNS_ON_EVENT_LOOP = True  # short pure-Python calls that never block: spare the thread hand-offs
 
     def __init__(self, opponent: Optional[str] = None) -> None:

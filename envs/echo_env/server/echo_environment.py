@@ -60,6 +60,10 @@ class EchoEnvironment(MCPEnvironment):
     """Echoes messages back through MCP tools."""
 
     SUPPORTS_CONCURRENT_SESSIONS = True
+    # The session is plain data: the episode id, the step counter and the (stateless) rubric. The
+    # default snapshot saves them; the tools keep nothing, and the shared FastMCP server is left
+    # out by MCPEnvironment.
+    SUPPORTS_SNAPSHOT = True
 
     def __init__(self) -> None:
         mcp = _TOOLS

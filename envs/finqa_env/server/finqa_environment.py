@@ -46,9 +46,18 @@ except ImportError:  # served from the package directory as `server.app:app`
 
 
 class FinQAEnvironment(MCPEnvironment):
-    """Financial QA over SQL tool calls; see the module docstring."""
+    """Financial QA over SQL tool calls; see the module docstring.
+
+    Snapshots save the session's own attributes (the default): the question and the episode's
+    state (tool calls, answer, reward), the shuffled question order, its position and the
+    generator that reshuffles it, and ``max_steps``. Left out: the SQLite connection to the
+    read-only database and the loaded questions, both rebuilt as they were by the constructor;
+    the tools keep their state on the environment, and MCPEnvironment leaves out their server.
+    """
 
     SUPPORTS_CONCURRENT_SESSIONS = True
+    SUPPORTS_SNAPSHOT = True
+    SNAPSHOT_EXCLUDE = ("_db", "questions")
 
     def __init__(self, max_steps: Optional[int] = None) -> None:
         mcp = FastMCP("finqa_env")

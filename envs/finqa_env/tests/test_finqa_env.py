@@ -294,3 +294,29 @@ def test_auto_env_finds_the_installed_package() -> None:
 
     assert AutoEnv.get_env_class("finqa") is FinQAEnv
     assert AutoAction.from_env("finqa_env") is CallToolAction
+
+
+def test_a_restored_snapshot_continues_the_episode_and_the_question_order() -> None:
+    """In process: the episode goes on alike, and so do the next resets (the shuffled order, its
+    position and its generator are saved); the restoring instance keeps its own database."""
+    from finqa_env.server.finqa_environment import FinQAEnvironment
+
+    from openenv.core.env_server.snapshots import SnapshotSeal
+
+    seal = SnapshotSeal()
+    original, twin = FinQAEnvironment(max_steps=5), FinQAEnvironment()
+    original.reset(seed=4)
+    original.step(CallToolAction(tool_name="get_descriptions", arguments={}))
+    seal.restore(twin, seal.seal(original))
+    assert twin._db is not original._db and twin.max_steps == 5
+
+    def play(env) -> list:
+        query = "SELECT name, ticker FROM companies ORDER BY company_id"
+        out = [env.step(CallToolAction(tool_name="sql_query", arguments={"query": query}))]
+        out.append(env.step(CallToolAction(tool_name="submit_answer", arguments={"answer": "131.0"})))
+        trace = [(o.result.data, o.reward, o.done) for o in out] + [env.state.model_dump()]
+        for _ in range(len(env.questions) + 2):  # past a reshuffle (a reset draws a new episode id)
+            trace.append(env.reset().metadata["question_id"])
+        return trace
+
+    assert play(twin) == play(original)

@@ -9,6 +9,11 @@ never run by a shell). ``submit`` runs the task's check: reward 1.0 if it passes
 Every git command runs in the same sandbox as ``run_command``. Author and committer are fixed
 (``Agent <agent@example.com>``, set in the repository's own ``.git/config`` and in the
 environment) and so are the dates, so the same actions give the same commit ids.
+
+Snapshots are shell_env's (:class:`~shell_env.server.shell_environment.ShellEnvironment`): the
+work directory, ``.git`` included (objects, refs, the index, a merge in progress: all plain files
+and directories, which the packed tree carries with their modes and times), and the episode's
+state. A restored repository gives the same ``git log``, ``git status`` and commit ids.
 """
 
 from __future__ import annotations

@@ -123,6 +123,36 @@ def test_the_same_seed_gives_the_same_repository_and_the_same_commits(env):
     assert episode(4)[0]["task_id"] != first[0]["task_id"]
 
 
+def test_a_restored_repository_is_the_one_saved_even_mid_merge(env):
+    """A snapshot carries the whole work directory, .git included (objects, refs, index, a merge
+    in progress); restored, git sees the same repository and the episode goes on."""
+    env.reset(task_id="resolve_conflict")
+    tool(env, "run_command", command="git merge feature; git stash list; echo draft > untracked.txt")
+
+    def looks() -> list:
+        return [
+            tool(env, "git_status")["stdout"],
+            tool(env, "git_log", all_branches=True)["stdout"],
+            tool(env, "git_diff")["stdout"],
+            tool(
+                env,
+                "run_command",
+                command="git fsck --strict --no-dangling && git rev-parse MERGE_HEAD && stat -c '%n %a %s %Y' *",
+            )["stdout"],
+        ]
+
+    before = looks()
+    assert "UU greeting.txt" in before[0] and "?? untracked.txt" in before[0]
+    snapshot = env.snapshot()
+    tool(env, "run_command", command="git merge --abort && git commit -q --allow-empty -m other && rm untracked.txt")
+    assert looks() != before
+    env.restore(snapshot)
+    assert env.state().step_count == 5  # the counters are the saved ones
+    assert looks() == before
+    tool(env, "run_command", command="rm untracked.txt && " + SOLUTIONS["resolve_conflict"].split("; ", 1)[1])
+    assert env.step(call("submit")).reward == 1.0
+
+
 def test_every_task_scores_0_unsolved_and_1_with_its_reference_solution(env):
     assert sorted(SOLUTIONS) == sorted(TASK_IDS), "each shipped task needs a reference solution here"
     for task_id in TASK_IDS:

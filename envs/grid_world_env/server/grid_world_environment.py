@@ -103,6 +103,7 @@ class GridWorldEnvironment(Environment[GridWorldAction, GridWorldObservation, Gr
     the layout's parameters (defaults: 5, ``size**2//8``, ``size**2//12``, ``4 * size**2``)."""
 
     SUPPORTS_CONCURRENT_SESSIONS = True
+    SUPPORTS_SNAPSHOT = True  # its state is plain Python data: the default snapshot_state carries it exactly
     RUNS_ON_EVENT_LOOP = True  # short pure-Python calls that never block: spare the thread hand-offs
 
     def __init__(self) -> None:

@@ -83,6 +83,7 @@ class MazeEnvironment(Environment[MazeAction, MazeObservation, MazeState]):
     """A seeded maze; ``reset(seed=..., size=9)`` picks it (``size`` odd, 3 to 51)."""
 
     SUPPORTS_CONCURRENT_SESSIONS = True
+    SUPPORTS_SNAPSHOT = True  # its state is plain Python data: the default snapshot_state carries it exactly
     RUNS_ON_EVENT_LOOP = True  # short pure-Python calls that never block: spare the thread hand-offs
 
     def __init__(self) -> None:

@@ -14,6 +14,17 @@ reward is the return.
 Defaults come from ``OPENSPIEL_GAME`` (``catch``), ``OPENSPIEL_AGENT_PLAYER`` (0) and
 ``OPENSPIEL_OPPONENT_POLICY`` (``random``); ``reset(game_name=..., game_params=...,
 agent_player=..., opponent_policy=...)`` overrides them for one episode.
+
+Snapshots (fork, save, restore) save the game and its position through OpenSpiel's own
+serialisation (``pyspiel.serialize_game_and_state``: the game with its parameters, and the
+position as the actions that led to it, chance outcomes included), and the rest as plain data:
+the chance RNG and the bot (its policy and its own RNG, both ``random.Random`` with their
+state), the episode's state (step count, history), the last return and the opponent's last
+move. A restored session continues exactly as the saved one would. Refused (``NOT_SUPPORTED``,
+with the reason) are the games whose chance is drawn inside the engine (OpenSpiel's
+"sampled stochastic" games, such as ``stones_and_gems``: their serialisation does not carry the
+engine's generator), and any position that does not come back identical from its serialisation
+(checked at each snapshot).
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ from uuid import uuid4
 
 import pyspiel
 
+from openenv.core.env_server.exceptions import SnapshotUnsupportedError
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import EnvironmentMetadata
 
@@ -81,6 +93,19 @@ class _Bot:
         return legal[-1] if self.policy == "last" else legal[0]
 
 
+def _position(spiel: Any) -> tuple:
+    """What must be equal for two OpenSpiel states to be the same position."""
+    terminal = spiel.is_terminal()
+    return (
+        str(spiel),
+        spiel.history(),
+        spiel.current_player(),
+        terminal,
+        spiel.returns(),
+        None if terminal else spiel.legal_actions(),
+    )
+
+
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name, "")
     try:
@@ -93,6 +118,8 @@ class OpenSpielEnvironment(Environment[OpenSpielAction, OpenSpielObservation, Op
     """One seat of an OpenSpiel game against bots; see the module docstring."""
 
     SUPPORTS_CONCURRENT_SESSIONS = True
+    SUPPORTS_SNAPSHOT = True
+    SNAPSHOT_EXCLUDE = ("_game", "_spiel_state")  # native: saved by OpenSpiel's own serialisation
 
     def __init__(
         self,
@@ -200,6 +227,49 @@ class OpenSpielEnvironment(Environment[OpenSpielAction, OpenSpielObservation, Op
     @property
     def state(self) -> OpenSpielState:
         return self._state
+
+    # --- snapshots ----------------------------------------------------------------------------
+
+    def snapshot_state(self) -> Dict[str, Any]:
+        """The plain attributes, and the game and position as OpenSpiel serialises them (see the
+        module docstring); refuses a position that its serialisation would not give back."""
+        data = super().snapshot_state()
+        data["spiel"] = None if self._spiel_state is None else self._serialised()
+        return data
+
+    def restore_state(self, data: Dict[str, Any]) -> None:
+        data = dict(data)
+        text = data.pop("spiel")
+        super().restore_state(data)
+        if text is None:
+            self._game = self._spiel_state = None
+            return
+        game, spiel = pyspiel.deserialize_game_and_state(text)
+        try:  # the game the episode was started with, shared with the server's other sessions
+            shared = load_game(self._state.game_name, self._state.game_params)
+        except ValueError:
+            shared = None
+        if shared is not None and str(shared) == str(game):
+            game, spiel = shared, shared.deserialize_state(spiel.serialize())
+        self._game, self._spiel_state = game, spiel
+
+    def _serialised(self) -> str:
+        game, spiel = self._game, self._spiel_state
+        name = self._state.game_name
+        if game.get_type().chance_mode == pyspiel.GameType.ChanceMode.SAMPLED_STOCHASTIC:
+            raise SnapshotUnsupportedError(
+                f"{name!r} draws its chance inside the OpenSpiel engine (a sampled-stochastic game), and "
+                "OpenSpiel's serialisation does not carry the engine's generator: a restored game would not "
+                "continue exactly, so its sessions cannot be snapshotted"
+            )
+        text = pyspiel.serialize_game_and_state(game, spiel)
+        _, back = pyspiel.deserialize_game_and_state(text)
+        if _position(back) != _position(spiel):
+            raise SnapshotUnsupportedError(
+                f"this position of {name!r} does not come back identical from OpenSpiel's serialisation, "
+                "so it cannot be snapshotted exactly"
+            )
+        return text
 
     # --- the web playground -------------------------------------------------------------------
 

@@ -13,8 +13,9 @@ dataset gives it) and the episode is done.
 
 from __future__ import annotations
 
+import copy
 import json
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 from uuid import uuid4
 
 import reasoning_gym
@@ -88,13 +89,23 @@ def build_dataset(
 
 
 class ReasoningGymEnvironment(Environment[ReasoningGymAction, ReasoningGymObservation, ReasoningGymState]):
-    """Single-step reasoning questions; see the module docstring."""
+    """Single-step reasoning questions; see the module docstring.
+
+    Snapshots save the question shown (the dataset's entry, as generated), the state (dataset,
+    options, index, answered) and the arguments the dataset was built with; not the dataset
+    object, which reasoning-gym builds from those arguments alike (seeded, each entry drawn from
+    ``seed + index``): a restore builds it again, so the next resets show the original's questions.
+    """
 
     SUPPORTS_CONCURRENT_SESSIONS = True
+    SUPPORTS_SNAPSHOT = True
+    SNAPSHOT_EXCLUDE = ("_dataset",)
 
     def __init__(self) -> None:
         super().__init__()
         self._dataset: Any = None
+        # build_dataset's arguments for self._dataset (what a restore rebuilds it from)
+        self._dataset_args: Optional[Tuple[str, Dict[str, Any], Optional[List[Dict[str, Any]]], int, int]] = None
         self._entry: Optional[Dict[str, Any]] = None
         self._state = ReasoningGymState(episode_id=str(uuid4()))
 
@@ -125,9 +136,10 @@ class ReasoningGymEnvironment(Environment[ReasoningGymAction, ReasoningGymObserv
             specs = dataset_specs if dataset_specs is not None else (previous.dataset_specs if same else None)
             seed = seed if seed is not None else DEFAULT_SEED
             size = size if size is not None else (previous.size if same and previous.size else DEFAULT_SIZE)
-            self._dataset = None
+            self._dataset = self._dataset_args = None
             try:
                 self._dataset = build_dataset(name, config, specs, seed, size)
+                self._dataset_args = copy.deepcopy((name, config, specs, seed, size))
             except DatasetError as exc:
                 self._state = ReasoningGymState(episode_id=self._state.episode_id)
                 return ReasoningGymObservation(done=True, metadata={"error": str(exc)})
@@ -188,6 +200,10 @@ class ReasoningGymEnvironment(Environment[ReasoningGymAction, ReasoningGymObserv
     @property
     def state(self) -> ReasoningGymState:
         return self._state
+
+    def restore_state(self, data: Any) -> None:
+        super().restore_state(data)
+        self._dataset = None if self._dataset_args is None else build_dataset(*self._dataset_args)
 
     def get_metadata(self) -> EnvironmentMetadata:
         return EnvironmentMetadata(

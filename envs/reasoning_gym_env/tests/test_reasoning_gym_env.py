@@ -220,3 +220,45 @@ def test_auto_env_finds_the_installed_package() -> None:
 
     assert AutoEnv.get_env_class("reasoning_gym") is ReasoningGymEnv
     assert AutoAction.from_env("reasoning-gym-env") is ReasoningGymAction
+
+
+@pytest.mark.parametrize("dataset", ["gcd", "word_sorting", "calendar_arithmetic"])
+def test_a_restored_snapshot_scores_the_same_question_and_shows_the_same_next_ones(dataset: str) -> None:
+    """In process: the entry shown comes back as generated and the dataset is built again from
+    its arguments (not saved: calendar_arithmetic's holds bound methods), so the answer scores
+    alike and the next resets show the original's questions."""
+    from reasoning_gym_env.server.reasoning_gym_environment import ReasoningGymEnvironment
+
+    from openenv.core.env_server.snapshots import SnapshotSeal
+
+    seal = SnapshotSeal()
+    original, twin = ReasoningGymEnvironment(), ReasoningGymEnvironment()
+    original.reset(dataset_name=dataset, seed=5, size=4)
+    original.step(ReasoningGymAction(answer="1"))
+    original.reset(episode_id="next")
+    twin.reset(dataset_name="leg_counting", seed=1)  # a session of its own, replaced by the restore
+    seal.restore(twin, seal.seal(original))
+    assert twin._entry == original._entry and twin._dataset is not original._dataset
+
+    def play(env: ReasoningGymEnvironment) -> list:
+        out = [env.step(ReasoningGymAction(answer=str(original._entry["answer"]))).model_dump()]
+        for n in range(4):  # around the dataset and back
+            out.append(env.reset(episode_id=f"e{n}").model_dump())
+            out.append(env.step(ReasoningGymAction(answer="2")).model_dump())
+        return [*out, env.state.model_dump()]
+
+    continued = play(twin)
+    assert continued == play(original)
+    assert continued[0]["reward"] == 1.0  # the question shown is the original's
+
+
+def test_a_snapshot_before_any_reset_restores_a_session_without_a_dataset() -> None:
+    from reasoning_gym_env.server.reasoning_gym_environment import ReasoningGymEnvironment
+
+    from openenv.core.env_server.snapshots import SnapshotSeal
+
+    seal = SnapshotSeal()
+    played = ReasoningGymEnvironment()
+    played.reset(dataset_name="gcd", seed=2)
+    seal.restore(played, seal.seal(ReasoningGymEnvironment()))
+    assert played._dataset is None and played.reset().metadata["dataset_name"] == "leg_counting"

@@ -15,6 +15,22 @@ Reward (upstream's REPL rubric): a final answer that matches the expected one ea
 0.0); each step whose code fails costs 0.05; running out of iterations without an answer costs
 0.1. Answers match when equal after stripping whitespace, or when both parse as the same Python
 literal (``"[1,2]"`` and ``"[1, 2]"``; ``"42"`` and ``"42.0"``).
+
+Snapshots (fork, save, restore) are exact for deterministic code, and refused otherwise. An
+interpreter's state (its objects, imports, files, module internals) cannot be read out of the
+process exactly, so a snapshot saves how it came to be: every request the current worker has
+answered, in order (the code of each step, the environment's own loading of ``context`` and
+listing of variables), with what each printed and its exit code; plus the episode as plain data
+(task, iteration, variables listed, final answer, reward settings) and the worker's hash seed
+(each session's workers share one, so that ``set`` and ``dict`` orders repeat). Restoring starts
+a fresh worker with that seed, runs the same requests again, and checks that each prints the
+same (object addresses, ``<... at 0x...>``, aside: no two processes share them) and exits the
+same; code whose effect is not reproducible (it reads the clock, unseeded randomness, process
+ids, the network) prints something else, and the restore is refused (an error, and the session
+starts afresh) rather than continued from a different state. A snapshot is refused at once
+while the code has work running in the background (threads, processes, or their output not yet
+read): when it would act cannot be replayed. A shipped task's expected answer is not in the
+snapshot (the restoring server looks it up by ``task_id``); a custom task's is.
 """
 
 from __future__ import annotations
@@ -30,6 +46,7 @@ from importlib import resources
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 from uuid import uuid4
 
+from openenv.core.env_server.exceptions import SnapshotUnsupportedError
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import EnvironmentMetadata
 from openenv.core.tools import REPL_LIMITS, IsolationError, PythonREPL
@@ -53,6 +70,33 @@ _INSPECT = (
     "                   and globals()['answer'].get('ready') else None),\n"
     "    }) + '\\n')\n"
 )
+
+
+_ADDRESS = re.compile(r"\bat 0x[0-9a-fA-F]+|\.\.\.[^<>\n]*?[0-9a-fA-F]{6,}>")
+"""An object's address in its repr, whole (``at 0x7f...``) or as reprlib cuts it (``...7f3a1c>``)."""
+_FRESH_WORKER_NOTE = "[a fresh REPL worker was started because"
+
+
+class ReplayDivergedError(RuntimeError):
+    """Restoring a REPL snapshot ran its requests again and one gave another result: the
+    session's code is not deterministic, and the snapshot cannot be restored exactly."""
+
+
+def _addressless(text: str) -> str:
+    return _ADDRESS.sub("at 0x?", text)
+
+
+def _without_fresh_worker_note(text: str) -> str:
+    """stderr without the note PythonREPL puts first after it had to start a worker again."""
+    first, _, rest = text.partition("\n")
+    return rest if first.startswith(_FRESH_WORKER_NOTE) else text
+
+
+def _first_difference(saved: str, now: str) -> str:
+    for number, (a, b) in enumerate(zip(saved.splitlines(), now.splitlines(), strict=False), start=1):
+        if a != b:
+            return f"line {number}: {a[:120]!r} then, {b[:120]!r} now"
+    return f"{len(saved.splitlines())} line(s) then, {len(now.splitlines())} now"
 
 
 def load_tasks() -> List[Dict[str, str]]:
@@ -84,6 +128,17 @@ def answers_match(given: Optional[str], expected: str) -> bool:
         return False
 
 
+def _listing(out: str) -> Optional[Tuple[Dict[str, str], Optional[str]]]:
+    """The variables and the ready answer the environment's listing printed (None if it broke)."""
+    try:
+        found = json.loads(out[out.rindex(_MARK) + len(_MARK) :].splitlines()[0])
+        variables = {str(k): str(v) for k, v in dict(found["vars"]).items()}
+        answer = found.get("answer")
+    except (ValueError, KeyError, TypeError, IndexError):
+        return None
+    return variables, None if answer is None else str(answer)
+
+
 def _last_line(text: str) -> Optional[str]:
     lines = [line for line in text.strip().splitlines() if not line.startswith("[")]
     return lines[-1] if lines else None
@@ -112,6 +167,9 @@ class REPLEnvironment(Environment[REPLAction, REPLObservation, REPLState]):
     """
 
     SUPPORTS_CONCURRENT_SESSIONS = True
+    SUPPORTS_SNAPSHOT = True
+    # the worker is replayed, the tasks are the package's, a shipped task's answer is looked up
+    SNAPSHOT_EXCLUDE = ("_repl", "_tasks", "_expected")
 
     def __init__(
         self,
@@ -136,12 +194,12 @@ class REPLEnvironment(Environment[REPLAction, REPLObservation, REPLState]):
         self.reward_on_success = reward_on_success
         self.reward_on_failure = reward_on_failure
         self.reward_on_error = reward_on_error
-        self._repl = PythonREPL(
-            limits=replace(REPL_LIMITS, memory_mb=memory),
-            isolation=self.isolation,  # type: ignore[arg-type]
-            max_output_bytes=max_output_length,
-            packages=tuple(packages if packages is not None else _env_names("REPL_PACKAGES")),
-        )
+        self._memory_mb = memory
+        self._packages = tuple(packages if packages is not None else _env_names("REPL_PACKAGES"))
+        # every worker of this session hashes strings alike: a replay then orders sets the same
+        self._hash_seed = random.SystemRandom().randrange(1, 2**32)
+        self._repl = self._new_repl()
+        self._cells: List[Dict[str, Any]] = []  # what the current worker was asked, and answered
         self._tasks = load_tasks()
         self._expected: Optional[str] = None
         self._vars: Dict[str, str] = {}
@@ -187,6 +245,7 @@ class REPLEnvironment(Environment[REPLAction, REPLObservation, REPLState]):
             max_iterations=limit,
         )
         self._repl.reset()
+        self._cells = []
         error = self._load_context()
         self._inspect()
         result = CodeBlockResult(success=error is None, exception=error, stderr=error or "")
@@ -222,7 +281,7 @@ class REPLEnvironment(Environment[REPLAction, REPLObservation, REPLState]):
     def _load_context(self) -> Optional[str]:
         """Define ``context`` in a fresh worker; the error if that failed."""
         try:
-            result = self._repl.execute(f"context = {self._state.context or ''!r}", timeout_s=30)
+            result = self._execute(f"context = {self._state.context or ''!r}", 30)
         except (IsolationError, OSError) as exc:
             return f"the REPL sandbox could not start: {exc}"
         return None if result.exit_code == 0 else (result.stderr.strip() or f"exit code {result.exit_code}")
@@ -235,7 +294,7 @@ class REPLEnvironment(Environment[REPLAction, REPLObservation, REPLState]):
             notes = "[a fresh interpreter was started; `context` was loaded again]\n" if error is None else ""
         started = time.monotonic()
         try:
-            executed = self._repl.execute(code, timeout_s=timeout_s)
+            executed = self._execute(code, timeout_s)
         except (IsolationError, OSError) as exc:
             message = f"the REPL sandbox could not run the code: {exc}"
             return CodeBlockResult(stderr=message, success=False, exception=message), None
@@ -268,22 +327,57 @@ class REPLEnvironment(Environment[REPLAction, REPLObservation, REPLState]):
             self._vars = {}
             return {}, None
         try:
-            out = self._repl.execute(_INSPECT, timeout_s=5).stdout
-            found = json.loads(out[out.rindex(_MARK) + len(_MARK) :].splitlines()[0])
-            variables = {str(k): str(v) for k, v in dict(found["vars"]).items()}
-            answer = found.get("answer")
-        except (ValueError, KeyError, TypeError, IndexError, IsolationError, OSError):
+            found = _listing(self._execute(_INSPECT, 5).stdout)
+        except (IsolationError, OSError):
+            found = None
+        if found is None:
             return {}, None  # the code broke introspection (or the worker): report nothing
+        variables, answer = found
         changed = {k: v for k, v in variables.items() if self._vars.get(k) != v}
         self._vars = variables
-        return changed, None if answer is None else str(answer)
+        return changed, answer
 
     def _variable(self, name: str) -> Optional[str]:
         try:
-            result = self._repl.execute(f"if True:\n    __import__('sys').stdout.write(str({name}))", timeout_s=5)
+            result = self._execute(f"if True:\n    __import__('sys').stdout.write(str({name}))", 5)
         except (IsolationError, OSError):
             return None
         return result.stdout if result.exit_code == 0 else None
+
+    def _new_repl(self) -> PythonREPL:
+        return PythonREPL(
+            limits=replace(REPL_LIMITS, memory_mb=self._memory_mb),
+            isolation=self.isolation,  # type: ignore[arg-type]
+            max_output_bytes=self.max_output_length,
+            packages=self._packages,
+            env={"PYTHONHASHSEED": str(self._hash_seed)},
+        )
+
+    def _execute(self, code: str, timeout_s: float, run_for: Optional[float] = None) -> Any:
+        """Every request to the worker goes here: it keeps :attr:`_cells`, what the current worker
+        has answered (a snapshot's replay). ``run_for``: the time limit, when not ``timeout_s``."""
+        was_running = self._repl.running
+        try:
+            result = self._repl.execute(code, timeout_s=run_for or timeout_s)
+        except BaseException:
+            if not self._repl.running:
+                self._cells = []
+            raise
+        # a fresh worker (PythonREPL says so first on stderr when the old one had died), or none
+        # left (this call timed out or killed it): what the old one ran is gone
+        if not was_running or result.stderr.startswith(_FRESH_WORKER_NOTE) or not self._repl.running:
+            self._cells = []
+        if self._repl.running:
+            self._cells.append(
+                {
+                    "code": code,
+                    "timeout_s": timeout_s,
+                    "stdout": result.stdout,
+                    "stderr": result.stderr,
+                    "exit_code": result.exit_code,
+                }
+            )
+        return result
 
     def _observation(self, result: CodeBlockResult, reward: float, done: bool) -> REPLObservation:
         context = self._state.context or ""
@@ -299,6 +393,63 @@ class REPLEnvironment(Environment[REPLAction, REPLObservation, REPLState]):
             reward=reward,
             done=done,
         )
+
+    # --- snapshots (see the module docstring) ------------------------------------------------
+
+    def snapshot_state(self) -> Dict[str, Any]:
+        busy = self._repl.background()
+        if busy is not None:
+            raise SnapshotUnsupportedError(
+                f"This REPL session cannot be snapshotted now: {busy}. A snapshot replays the session's "
+                "code, and when background work acts cannot be replayed; snapshot once it has finished"
+            )
+        data = super().snapshot_state()
+        data["expected"] = self._expected if self._state.task_id == "custom" else None
+        return data
+
+    def restore_state(self, data: Dict[str, Any]) -> None:
+        data = dict(data)
+        expected = data.pop("expected")
+        super().restore_state(data)
+        if self._state.task_id not in (None, "custom"):
+            expected = next((t["answer"] for t in self._tasks if t["id"] == self._state.task_id), None)
+            if expected is None:
+                raise ValueError(f"the snapshot's task {self._state.task_id!r} is not one of this server's tasks")
+        self._expected = expected
+        self._repl.close()
+        self._repl = self._new_repl()  # with the saved session's hash seed and settings
+        self._replay()
+
+    def _replay(self) -> None:
+        """Run the saved worker's requests in a fresh one; each must answer as it did."""
+        cells, self._cells = self._cells, []
+        for number, cell in enumerate(cells, start=1):
+            what = "the environment's listing of variables" if cell["code"] == _INSPECT else f"request {number}"
+            try:
+                result = self._execute(cell["code"], cell["timeout_s"], run_for=max(2 * cell["timeout_s"], 30.0))
+            except (IsolationError, OSError) as exc:
+                raise ReplayDivergedError(
+                    f"the REPL worker could not start again to replay the session: {exc}"
+                ) from None
+            saved_stderr = _without_fresh_worker_note(cell["stderr"]) if number == 1 else cell["stderr"]
+            for stream, saved, now in (
+                ("exit code", str(cell["exit_code"]), str(result.exit_code)),
+                ("stdout", cell["stdout"], result.stdout),
+                ("stderr", saved_stderr, result.stderr),
+            ):
+                if _addressless(saved) != _addressless(now):
+                    self._repl.reset()
+                    self._cells = []
+                    raise ReplayDivergedError(
+                        f"replaying the REPL session, {what} of {len(cells)} gave another {stream} than it did "
+                        f"({_first_difference(_addressless(saved), _addressless(now))}). The session's code is not "
+                        "deterministic (the clock, unseeded randomness, process ids, ...), so this snapshot cannot "
+                        "be restored exactly; nothing was approximated"
+                    )
+            if cell["code"] == _INSPECT:  # the variables as this worker shows them (their addresses)
+                found = _listing(result.stdout)
+                if found is not None:
+                    self._vars = found[0]
 
     # --- the rest of the contract -----------------------------------------------------------
 

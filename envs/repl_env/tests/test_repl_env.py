@@ -21,7 +21,7 @@ import pytest
 from repl_env import REPLAction, REPLEnv, REPLObservation
 from repl_env.server.repl_environment import answers_match, load_tasks
 
-from openenv.core.client_errors import ActionValidationError, ServerError
+from openenv.core.client_errors import ActionValidationError, NotSupportedError, ServerError
 from openenv.core.containers.runtime import SandboxProvider
 from openenv.core.containers.runtime.isolation import find_bwrap
 from openenv.core.generic_client import GenericEnvClient
@@ -380,3 +380,112 @@ def test_the_interpreter_imports_the_standard_library_only_unless_packages_are_n
             assert expected in result.stdout + result.stderr
         finally:
             env.close()
+
+
+# --- snapshots: a replay of the session's requests, exact for deterministic code --------------
+
+
+@pytest.fixture(scope="module")
+def local_url() -> Iterator[str]:
+    """A repl_env server in this process (this checkout's core), its workers sandboxed."""
+    import functools
+
+    from repl_env import REPLState
+    from repl_env.server.repl_environment import REPLEnvironment
+
+    from openenv.core.env_server.http_server import create_app
+    from openenv.core.env_server.serving.runner import BackgroundServer
+
+    app = create_app(
+        functools.partial(REPLEnvironment, timeout_s=TIMEOUT_S),
+        REPLAction,
+        REPLObservation,
+        env_name="repl_env",
+        state_cls=REPLState,
+        max_concurrent_envs=16,
+    )
+    with BackgroundServer(app) as server:
+        yield server.base_url
+
+
+def _seen(result) -> tuple:
+    """A step's observation, reward and done, but the seconds its code took."""
+    observation = dict(result.observation)
+    observation["result"] = {k: v for k, v in observation["result"].items() if k != "execution_time"}
+    return observation, result.reward, result.done
+
+
+def _state_of(snapshot) -> dict:
+    """What a snapshot holds (the header says how long it is; the body is zlib'd JSON)."""
+    import json
+    import struct
+    import zlib
+
+    start = len(b"OPENENV-SNAPSHOT/1\n") + 32
+    (length,) = struct.unpack_from(">I", snapshot.data, start)
+    return json.loads(zlib.decompress(snapshot.data[start + 4 + length :]))
+
+
+async def test_forks_replay_the_session_with_its_hash_order_and_objects(local_url: str) -> None:
+    async with GenericEnvClient(base_url=local_url, message_timeout_s=60) as env:
+        await env.reset(task_id="sum_numbers")
+        words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda omicron sigma".split()
+        await env.step({"code": f"words = set({words!r})\nclass Box:\n    pass\nbox = Box()\nprint(box)"})
+        forks = await env.fork(2)
+        steps = [{"code": "print(list(words))"}, {"code": "box.size = len(words)\nprint(box.size)"}, {"code": "1/0"}]
+        expected = [_seen(await env.step(step)) for step in steps]
+        assert expected[0][0]["result"]["stdout"] != f"{words}\n"  # (the order is the hash seed's)
+        assert expected[1][0]["result"]["locals_snapshot"] == {}  # box is the same object: not reported
+        assert 'File "<cell' in expected[2][0]["result"]["stderr"]  # the same cell numbers, too
+        for fork in forks:
+            assert [_seen(await fork.step(step)) for step in steps] == expected
+
+
+async def test_a_snapshot_after_a_timeout_continues_in_a_fresh_interpreter(local_url: str) -> None:
+    async with GenericEnvClient(base_url=local_url, message_timeout_s=60) as env:
+        await env.reset(task_id="sum_numbers")
+        await env.step({"code": "x = 1"})
+        timed_out = await env.step({"code": "while True:\n    pass"})
+        assert "timed out" in timed_out.observation["result"]["stderr"]
+        (fork,) = await env.fork(1)
+        steps = [{"code": "print(len(context))\nx"}, {"code": "x = 2\nprint(x)"}]
+        expected = [_seen(await env.step(step)) for step in steps]
+        assert "a fresh interpreter was started" in expected[0][0]["result"]["stderr"]
+        assert "NameError" in expected[0][0]["result"]["stderr"]
+        assert [_seen(await fork.step(step)) for step in steps] == expected
+
+
+async def test_code_that_does_not_replay_the_same_is_refused_at_restore(local_url: str) -> None:
+    async with GenericEnvClient(base_url=local_url, message_timeout_s=60) as env:
+        await env.reset(task_id="sum_numbers")
+        await env.step({"code": "import os\ntoken = os.urandom(8).hex()"})
+        snapshot = await env.snapshot()  # taken: whether it replays shows when it is restored
+        with pytest.raises(ServerError, match="not deterministic") as refused:
+            await env.restore(snapshot)
+        assert "listing of variables" in str(refused.value)  # where it diverged: `token`'s value
+        assert (await env.state())["task_id"] is None  # the session goes on, with a fresh environment
+        await env.reset(task_id="sum_numbers")
+        assert (await env.step({"code": "print(len(context))"})).observation["result"]["stdout"] == "43\n"
+
+
+async def test_background_work_refuses_a_snapshot_until_it_is_over(local_url: str) -> None:
+    async with GenericEnvClient(base_url=local_url, message_timeout_s=60) as env:
+        await env.reset(task_id="sum_numbers")
+        await env.step({"code": "import subprocess\np = subprocess.Popen(['sleep', '30'])"})
+        with pytest.raises(NotSupportedError, match=r"left work running: 1 process"):
+            await env.snapshot()
+        await env.step({"code": "p.kill(); p.wait()"})
+        await env.snapshot()  # once it is over
+
+
+async def test_a_shipped_tasks_answer_is_not_in_the_snapshot(local_url: str) -> None:
+    async with GenericEnvClient(base_url=local_url, message_timeout_s=60) as env:
+        await env.reset(task_id="sum_numbers")
+        snapshot = await env.snapshot()
+        assert TASKS["sum_numbers"]["answer"] not in str(_state_of(snapshot))
+        (fork,) = await env.fork(1)
+        answered = await fork.step({"code": "print(f'FINAL({sum(int(x) for x in context.split(\",\"))})')"})
+        assert answered.done and answered.reward == 1.0  # the fork looked the answer up
+        await env.reset(context="1,2", task_prompt="sum", expected_answer="3")  # a custom task's travels
+        (custom,) = await env.fork(1)
+        assert (await custom.step({"is_final": True, "final_answer": "3"})).reward == 1.0

@@ -7,17 +7,27 @@ calls tools: ``run_command`` (bash in a fresh sandbox on the work directory, see
 runs the task's check: reward 1.0 if it passes, else 0.0, and the episode ends. Every other call
 earns 0.0. When the step budget (``max_steps`` tool calls) runs out, the check runs as if the agent
 had submitted.
+
+Snapshots (``EnvClient.fork`` / ``snapshot`` / ``restore``) save the work directory's files as a
+packed tree (:meth:`~.workspace.Workspace.save`: contents, permission bits, modification times,
+links inside it; a link leading out of it or a special file is refused, never followed) and the
+episode's own state: the task, the :class:`ShellState` (step count, budget, submitted, passed),
+whether the episode is over and the generator that picks tasks. Restoring rebuilds the work
+directory in a fresh directory (the old one is removed). The tool set, the task list and the
+isolation are the server's and stay the restoring server's.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import time
 from typing import Any, Dict, List, Optional, Sequence
 from uuid import uuid4
 
 from fastmcp import FastMCP
 
+from openenv.core.env_server.exceptions import SnapshotUnsupportedError
 from openenv.core.env_server.mcp_environment import MCPEnvironment, get_server_tools
 from openenv.core.env_server.mcp_types import CallToolAction
 from openenv.core.env_server.types import Action, Observation
@@ -25,14 +35,15 @@ from openenv.core.env_server.types import Action, Observation
 try:
     from ..models import ShellObservation, ShellState
     from .tasks import Task, load_tasks, pick_task
-    from .workspace import MAX_TIMEOUT_S, Workspace
+    from .workspace import MAX_TIMEOUT_S, Workspace, WorkspaceError
 except ImportError:  # served from the package directory as `server.app:app`
     from models import ShellObservation, ShellState  # type: ignore[no-redef]
     from server.tasks import Task, load_tasks, pick_task  # type: ignore[no-redef]
-    from server.workspace import MAX_TIMEOUT_S, Workspace  # type: ignore[no-redef]
+    from server.workspace import MAX_TIMEOUT_S, Workspace, WorkspaceError  # type: ignore[no-redef]
 
 DEFAULT_MAX_STEPS = 50
 CHECK_TIMEOUT_S = 20.0
+_SETTLE_S = MAX_TIMEOUT_S + 30.0  # a command given up on ends within its timeout and carrying margin
 
 
 class EpisodeError(RuntimeError):
@@ -48,6 +59,22 @@ class ShellEnvironment(MCPEnvironment):
     """
 
     SUPPORTS_CONCURRENT_SESSIONS = True
+    SUPPORTS_SNAPSHOT = True
+    SNAPSHOT_EXCLUDE = (
+        *MCPEnvironment.SNAPSHOT_EXCLUDE,
+        # the FastMCP server, its tools and the MCP client connection (rebuilt by the constructor)
+        "mcp_server",
+        "_mode_tools",
+        "_has_mode_tools",
+        "_direct",
+        "_mcp_client",
+        "_connection",
+        "_abandoned_tool_call",
+        # the server's: its task list and the tools' names; the work directory is saved apart
+        "_tasks",
+        "_tool_names",
+        "workspace",
+    )
     SERVER_NAME = "shell_env"
     OBSERVATION_CLS = ShellObservation
     STATE_CLS = ShellState
@@ -203,6 +230,36 @@ class ShellEnvironment(MCPEnvironment):
     @property
     def state(self) -> ShellState:
         return self._state
+
+    # --- snapshots -------------------------------------------------------------------------------
+
+    def snapshot_state(self) -> Dict[str, Any]:
+        """The work directory as a packed tree, and the episode's attributes (see the module
+        docstring)."""
+        self._settle()
+        try:
+            files = self.workspace.save()
+        except WorkspaceError as exc:
+            raise SnapshotUnsupportedError(f"Cannot snapshot this {self.SERVER_NAME} session: {exc}") from None
+        return {"workspace": files, "attributes": super().snapshot_state()}
+
+    def restore_state(self, data: Dict[str, Any]) -> None:
+        self._settle()
+        self.workspace.load(data["workspace"])
+        super().restore_state(data["attributes"])
+
+    def _settle(self) -> None:
+        """Wait for a tool call given up on (its client left, its deadline passed) that still
+        runs on the work directory: it would change the files while they are saved or replaced."""
+        job = getattr(self, "_abandoned_tool_call", None)
+        deadline = time.monotonic() + _SETTLE_S
+        while job is not None and job.returned is None:
+            if time.monotonic() > deadline:
+                raise SnapshotUnsupportedError(
+                    f"A command given up on still runs on this {self.SERVER_NAME} session's work directory "
+                    "after its time limit: try again later"
+                )
+            time.sleep(0.02)
 
     def close(self) -> None:
         self.workspace.close()

@@ -10,6 +10,10 @@ launcher holds, is checked (no links leading out, no special files, apparent siz
 
 Files are read, written and listed directly in ``path``, confined to it (symbolic links that
 point outside are refused).
+
+:meth:`Workspace.save` and :meth:`Workspace.load` carry the whole directory as one packed tree,
+the format commands' copies travel in (:func:`openenv.core.tools.pack_directory`): a session
+snapshot holds it.
 """
 
 from __future__ import annotations
@@ -29,8 +33,11 @@ from openenv.core.tools import (
     WORKSPACE,
     Isolation,
     IsolationError,
+    TreeError,
     TreeTooLarge,
+    pack_directory,
     run_shell_in_directory,
+    unpack_directory,
 )
 
 MAX_OUTPUT_BYTES = 16 * 1024
@@ -175,6 +182,35 @@ class Workspace:
 
     def close(self) -> None:
         self._cleanup()
+
+    # --- saving and loading --------------------------------------------------------------------
+
+    def save(self) -> bytes:
+        """The work directory as one packed tree: its directories, files (contents, permission
+        bits, modification times) and links that stay inside it, read without following a link.
+        :class:`WorkspaceError` when it cannot be carried exactly: a link leading out of it or a
+        special file (which no sandboxed command can leave, only the server's own code), or more
+        than :data:`MAX_WORKSPACE_BYTES`."""
+        try:
+            return pack_directory(self.path, max_bytes=MAX_WORKSPACE_BYTES)
+        except TreeError as exc:  # TreeTooLarge too
+            raise WorkspaceError(f"the work directory cannot be saved: {exc}") from None
+
+    def load(self, packed: bytes) -> None:
+        """Make the work directory a fresh one holding ``packed`` (what :meth:`save` made); the
+        old one is removed. The tree is unpacked under descriptors of the fresh directory, never
+        through a link: an entry that would land outside it raises :class:`TreeError`, and the
+        fresh directory is removed (the old one stays)."""
+        fresh = tempfile.mkdtemp(prefix="openenv-workspace-")
+        try:
+            unpack_directory(packed, fresh, max_bytes=MAX_WORKSPACE_BYTES)
+        except BaseException:
+            shutil.rmtree(fresh, ignore_errors=True)
+            raise
+        old, self.path = self.path, Path(fresh)
+        self._cleanup.detach()
+        self._cleanup = weakref.finalize(self, shutil.rmtree, fresh, True)
+        shutil.rmtree(old, ignore_errors=True)
 
     # --- commands ------------------------------------------------------------------------------
 

@@ -55,6 +55,7 @@ class SnakeEnvironment(Environment[SnakeAction, SnakeObservation, SnakeState]):
     every episode; ``reset`` takes the same names to change them for one episode."""
 
     SUPPORTS_CONCURRENT_SESSIONS = True
+    SUPPORTS_SNAPSHOT = True  # its state is plain Python data: the default snapshot_state carries it exactly
     RUNS_ON_EVENT_LOOP = True  # short pure-Python calls that never block: spare the thread hand-offs
 
     def __init__(

@@ -45,9 +45,15 @@ def _message(sender_id: int, content: str, category: str) -> TextArenaMessage:
 
 
 class TextArenaEnvironment(Environment[TextArenaAction, TextArenaObservation, TextArenaState]):
-    """Plays one single-player text game per episode; see the module docstring for the rewards."""
+    """Plays one single-player text game per episode; see the module docstring for the rewards.
+
+    Snapshots save the session's attributes as they are (the default: it is all plain data): the
+    game in progress (its secret, moves, best result so far and seeded generator), the chosen game
+    (its class, by name), the turn limit, the invalid-move count, the done flag and the state.
+    """
 
     SUPPORTS_CONCURRENT_SESSIONS = True
+    SUPPORTS_SNAPSHOT = True
 
     def __init__(self, env_id: Optional[str] = None, *, num_players: int = 1, max_turns: Optional[int] = None) -> None:
         super().__init__()

@@ -247,3 +247,34 @@ def test_auto_env_finds_the_installed_package() -> None:
 
     assert AutoEnv.get_env_class("textarena") is TextArenaEnv
     assert AutoAction.from_env("textarena_env") is TextArenaAction
+
+
+@pytest.mark.parametrize("game", GAMES)
+def test_a_restored_snapshot_continues_each_game_exactly(game: str) -> None:
+    """In process, for each game: the secret, the moves so far and the invalid-move count come
+    back, and the game goes on as it would have, to its end."""
+    from textarena_env.server.textarena_environment import TextArenaEnvironment
+
+    from openenv.core.env_server.snapshots import SnapshotSeal
+
+    seal = SnapshotSeal()
+    original, twin = TextArenaEnvironment(), TextArenaEnvironment(env_id="GuessTheNumber-v0")
+    original.reset(seed=8, game=game)
+    rng, tried = random.Random(1), []
+    for move in ("[?]", random_legal_move(game, rng, tried)):
+        original.step(TextArenaAction(message=move))
+    seal.restore(twin, seal.seal(original))
+    assert twin._game is not original._game and type(twin._game) is type(original._game)
+    assert vars(twin._game).keys() == vars(original._game).keys()
+    for name, value in vars(original._game).items():  # (random.Random has no == of its own)
+        same = getattr(twin._game, name)
+        assert same.getstate() == value.getstate() if name == "rng" else same == value
+
+    def play(env: TextArenaEnvironment) -> list:
+        moves, rng, out = list(tried), random.Random(2), []
+        while not env._done:
+            observation = env.step(TextArenaAction(message=random_legal_move(game, rng, moves)))
+            out.append(observation.model_dump())
+        return [*out, env.state.model_dump()]
+
+    assert play(twin) == play(original)

@@ -19,6 +19,8 @@ _EXPORTS.update(
         "MCPToolClient": ".mcp_client",
         "GenericMCPObservation": ".mcp_client",
         "StepResult": ".client_types",
+        "Snapshot": ".client_types",
+        "SnapshotRefusedError": ".client_errors",
         "ServerError": ".client_errors",
         "AuthenticationError": ".client_errors",
         "SessionLostError": ".client_errors",

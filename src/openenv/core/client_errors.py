@@ -105,6 +105,20 @@ class StepTimeoutError(ServerError, TimeoutError):
     code = "TIMEOUT"
 
 
+class SnapshotRefusedError(ServerError):
+    """The server would not load the snapshot given to ``restore``: changed, made with another
+    key, of another environment or version, or too large (``details["reason"]`` says which).
+    Nothing was loaded; the session is as it was."""
+
+    code = "SNAPSHOT_REFUSED"
+
+
+class NotSupportedError(ServerError):
+    """The environment cannot do what was asked (save a snapshot, say); the message says why."""
+
+    code = "NOT_SUPPORTED"
+
+
 _BY_CODE: Dict[str, Type[ServerError]] = {
     "INVALID_JSON": InvalidMessageError,
     "UNKNOWN_TYPE": InvalidMessageError,
@@ -117,6 +131,8 @@ _BY_CODE: Dict[str, Type[ServerError]] = {
     "FACTORY_ERROR": EnvironmentFactoryFailedError,
     "SESSION_ERROR": SessionError,
     "TIMEOUT": StepTimeoutError,
+    "SNAPSHOT_REFUSED": SnapshotRefusedError,
+    "NOT_SUPPORTED": NotSupportedError,
 }
 
 

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import base64
+import binascii
 import inspect
 import json
 import logging
@@ -37,8 +39,16 @@ from abc import ABC, abstractmethod
 from enum import Enum
 from typing import Any, Callable, Dict, FrozenSet, Generic, List, Optional, Tuple, TypeVar
 
-from .client_errors import EnvClientError, ServerStoppedError, SessionLostError, connect_failure, error_from_frame
-from .client_types import StepResult, Usage
+from .client_errors import (
+    CapacityReachedError,
+    EnvClientError,
+    ServerBusyError,
+    ServerStoppedError,
+    SessionLostError,
+    connect_failure,
+    error_from_frame,
+)
+from .client_types import Snapshot, StepResult, Usage
 from .env_server.resume import (
     RESUME_HEADER,
     SEQ_KEY,
@@ -303,6 +313,25 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
     def new_session(self) -> Any:
         """Another client on the same server (a new session), closed together with this one."""
         return self._dispatch(self._new_session_async)
+
+    def snapshot(self) -> Any:
+        """This session's state now, sealed by the server: a :class:`~.client_types.Snapshot`
+        to keep, save, or hand to :meth:`restore` (the environment must support snapshots:
+        ``SUPPORTS_SNAPSHOT``; see docs/snapshots.md)."""
+        return self._dispatch(self._snapshot_async)
+
+    def restore(self, snapshot: Snapshot) -> Any:
+        """Continue this client's session from ``snapshot`` (on this server, or on any server of
+        the same environment that shares the key of the one that made it); returns the restored
+        state. A snapshot the server will not load is refused before anything changes."""
+        return self._dispatch(self._restore_async, snapshot)
+
+    def fork(self, n: int = 1) -> Any:
+        """``n`` new clients whose sessions start from this session's state now, each on its own
+        connection to this client's server (behind a ``--workers`` front or a Ray pool, spread
+        over its workers), closed together with this one. Each counts against the server's
+        capacity: when not all ``n`` fit, none is kept and :class:`CapacityReachedError` says so."""
+        return self._dispatch(self._fork_async, n)
 
     def sync(self) -> SyncEnvClient[ActT, ObsT, StateT]:
         """A blocking view of this client (cached)."""
@@ -774,6 +803,61 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         response = await self._request({"type": "state"})
         return self._parse_state(response.get("data") or {})
 
+    async def _snapshot_async(self) -> Snapshot:
+        response = await self._request({"type": "snapshot"})
+        data = response.get("data") or {}
+        return Snapshot(_snapshot_bytes(data.get("snapshot")))
+
+    async def _restore_async(self, snapshot: Snapshot) -> StateT:
+        if not isinstance(snapshot, Snapshot):
+            raise TypeError(f"restore() takes a Snapshot (from snapshot()), got {type(snapshot).__name__}")
+        text = base64.b64encode(snapshot.data).decode("ascii")
+        response = await self._request({"type": "restore", "data": {"snapshot": text}}, starts_session=True)
+        return self._parse_state((response.get("data") or {}).get("state") or {})
+
+    async def _fork_async(self, n: int) -> List[EnvClient[Any, Any, Any]]:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"fork(n) takes a whole number n >= 1, got {n!r}")
+        snapshot = await self._snapshot_async()
+        made: List[EnvClient[Any, Any, Any]] = []
+        # Each restore carries the snapshot (base64): a large one is sent a few at a time, within
+        # what a server takes in flight at once by default (OPENENV_MAX_INFLIGHT_MB).
+        sending = asyncio.Semaphore(max(1, _FORK_BYTES_IN_FLIGHT // max(1, len(snapshot) * 4 // 3)))
+
+        async def one() -> EnvClient[Any, Any, Any]:
+            for attempt in range(_FORK_BUSY_RETRIES + 1):
+                child = await self._new_session_async()
+                made.append(child)
+                try:
+                    async with sending:
+                        await child._restore_async(snapshot)
+                    return child
+                except ServerBusyError:  # its budget of bytes in flight was spent: nothing ran
+                    if attempt == _FORK_BUSY_RETRIES:
+                        raise
+                    made.remove(child)
+                    self._children.remove(child)
+                    await child._close_async()  # (the server closed its connection: 1013)
+                    await asyncio.sleep(0.05 * 2**attempt + random.random() * 0.05)
+            raise AssertionError("unreachable")
+
+        results = await asyncio.gather(*(one() for _ in range(n)), return_exceptions=True)
+        failures = [result for result in results if isinstance(result, BaseException)]
+        if not failures:
+            return list(results)  # type: ignore[arg-type]
+        for child in made:
+            if child in self._children:
+                self._children.remove(child)
+            await child._close_async()
+        full = [failure for failure in failures if isinstance(failure, CapacityReachedError)]
+        if full:
+            raise CapacityReachedError(
+                f"fork({n}) needs {n} new sessions on the server and {len(full)} did not fit ({full[0].message}); "
+                f"none of the forks was kept: fork fewer, close sessions, or serve more (max_concurrent_envs, --workers)",
+                details=full[0].details,
+            ) from full[0]
+        raise failures[0]
+
     def _clone_kwargs(self) -> Dict[str, Any]:
         return dict(
             base_url=self.base_url,
@@ -896,6 +980,21 @@ def split_client_kwargs(cls: type, kwargs: Dict[str, Any]) -> tuple:
     accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "base_url", "provider"}
     client = {k: v for k, v in kwargs.items() if k in accepted}
     return client, {k: v for k, v in kwargs.items() if k not in accepted}
+
+
+_FORK_BUSY_RETRIES = 8
+"""How often ``fork`` sends a restore again that a busy server refused (backing off each time)."""
+
+_FORK_BYTES_IN_FLIGHT = 48 * 1024 * 1024
+"""What ``fork`` sends at once in restores of a large snapshot: well within a server's default
+budget of bytes in flight (128 MiB)."""
+
+
+def _snapshot_bytes(text: Any) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (TypeError, ValueError, binascii.Error):
+        raise EnvClientError(f"the server answered a snapshot that is not base64: {str(text)[:80]!r}") from None
 
 
 def _cut_short(exc: BaseException) -> bool:

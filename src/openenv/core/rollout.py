@@ -81,6 +81,9 @@ class Episode:
     reset_s: float = 0.0
     step_s: List[float] = field(default_factory=list)
     policy_s: List[float] = field(default_factory=list)
+    branched_at: Optional[int] = None
+    """With ``branch_at``: the step at which its group's episodes were forked from one another
+    (the first ``branched_at`` actions, rewards and observations are those of the group)."""
 
     @property
     def step(self) -> int:
@@ -114,6 +117,7 @@ class Episode:
             "reset_s": self.reset_s,
             "step_s": self.step_s,
             "policy_s": self.policy_s,
+            "branched_at": self.branched_at,
         }
 
 
@@ -231,6 +235,7 @@ async def rollout_async(
     progress: bool = False,
     policy_in_thread: bool = False,
     capacity_timeout_s: float = 60.0,
+    branch_at: Optional[int] = None,
 ) -> RolloutResult:
     """Play episodes of ``env`` with ``policy`` over ``concurrency`` sessions at once.
 
@@ -258,6 +263,17 @@ async def rollout_async(
     let go of its slot, or retries every second or so, and the episode is played then. Only when
     none of this rollout's sessions holds a slot for ``capacity_timeout_s`` (the server is full
     of others' sessions) is the episode recorded as failed.
+
+    ``branch_at=k`` branches each group at step ``k`` (GRPO groups that share a prefix): one
+    episode is reset and played for ``k`` actions, then its session is forked
+    (``EnvClient.fork``) into the group's ``group_size - 1`` others, and all ``group_size``
+    continue from that same state with the policy to their ends. The environment must support
+    snapshots (``SUPPORTS_SNAPSHOT``). Each episode's history starts with the shared prefix
+    (``Episode.branched_at`` says where it forked), so :meth:`RolloutResult.advantages`
+    compares continuations of one state within each group. A group uses ``group_size``
+    sessions at once, and ``concurrency // group_size`` groups play at once (at least one). A
+    group whose episode ends before step ``k`` has nothing to branch: its other episodes are
+    recorded as failed, saying so.
     """
     if on_error not in _ON_ERROR:
         raise ValueError(f"on_error must be 'record' or 'raise', got {on_error!r}")
@@ -269,6 +285,8 @@ async def rollout_async(
         raise ValueError(f"max_steps must be >= 0, got {max_steps}")
     if not capacity_timeout_s >= 0:
         raise ValueError(f"capacity_timeout_s must be >= 0, got {capacity_timeout_s}")
+    if branch_at is not None and (isinstance(branch_at, bool) or not isinstance(branch_at, int) or branch_at < 0):
+        raise ValueError(f"branch_at must be a whole number of steps >= 0, got {branch_at!r}")
     starts = [{} for _ in range(episodes)] if isinstance(episodes, int) else [dict(k) for k in episodes]
     plan = [
         Episode(index=g * group_size + i, group=g, reset_kwargs=kwargs)
@@ -281,6 +299,12 @@ async def rollout_async(
     capacity = _Capacity()
     sink = _Sink(jsonl_path, len(plan), progress)
     began = time.perf_counter()
+    if branch_at is not None:
+        try:
+            await _branched(plan, group_size, branch_at, factory, call_policy, max_steps, concurrency, on_error, sink)
+        finally:
+            sink.close()
+        return RolloutResult(plan, summarize(plan, time.perf_counter() - began, success))
 
     async def session(number: int) -> None:
         client = None
@@ -476,7 +500,14 @@ def _capacity_error(waited_s: float) -> str:
     )
 
 
-async def _play(client: Any, episode: Episode, call_policy: Callable[..., Awaitable[Any]], max_steps: Any) -> None:
+async def _play(
+    client: Any,
+    episode: Episode,
+    call_policy: Callable[..., Awaitable[Any]],
+    max_steps: Any,
+    stop_at: Optional[int] = None,
+) -> None:
+    """Reset, then step until done, ``max_steps`` (truncated) or ``stop_at`` actions (a branch point)."""
     episode.started_at = time.time()
     began = time.perf_counter()
     try:
@@ -484,22 +515,119 @@ async def _play(client: Any, episode: Episode, call_policy: Callable[..., Awaita
         episode.reset_s = time.perf_counter() - began
         episode.observations.append(result.observation)
         episode.done = bool(result.done)
-        while not episode.done:
-            if max_steps is not None and episode.step >= max_steps:
-                episode.truncated = True
-                break
-            tick = time.perf_counter()
-            action = await call_policy(result.observation, episode)
-            tock = time.perf_counter()
-            episode.policy_s.append(tock - tick)
-            episode.actions.append(action)
-            result = await client.step(action)
-            episode.step_s.append(time.perf_counter() - tock)
-            episode.rewards.append(float(result.reward or 0.0))
-            episode.observations.append(result.observation)
-            episode.done = bool(result.done)
+        await _steps(client, episode, call_policy, max_steps, stop_at)
     finally:
         episode.duration_s = time.perf_counter() - began
+
+
+async def _steps(
+    client: Any,
+    episode: Episode,
+    call_policy: Callable[..., Awaitable[Any]],
+    max_steps: Any,
+    stop_at: Optional[int] = None,
+) -> None:
+    """Step ``episode`` on from its last observation (see :func:`_play`)."""
+    while not episode.done:
+        if max_steps is not None and episode.step >= max_steps:
+            episode.truncated = True
+            break
+        if stop_at is not None and episode.step >= stop_at:
+            break
+        tick = time.perf_counter()
+        action = await call_policy(episode.observations[-1], episode)
+        tock = time.perf_counter()
+        episode.policy_s.append(tock - tick)
+        episode.actions.append(action)
+        result = await client.step(action)
+        episode.step_s.append(time.perf_counter() - tock)
+        episode.rewards.append(float(result.reward or 0.0))
+        episode.observations.append(result.observation)
+        episode.done = bool(result.done)
+
+
+async def _branched(
+    plan: List[Episode],
+    group_size: int,
+    branch_at: int,
+    factory: Callable[[], Any],
+    call_policy: Callable[..., Awaitable[Any]],
+    max_steps: Any,
+    concurrency: int,
+    on_error: str,
+    sink: _Sink,
+) -> None:
+    """Each group: one episode played to ``branch_at`` actions, forked into the group's other
+    episodes, then every one of them played on to its end (see :func:`rollout_async`)."""
+    groups_at_once = asyncio.Semaphore(max(1, concurrency // group_size))
+
+    async def group(members: List[Episode]) -> None:
+        trunk, branches = members[0], members[1:]
+        async with groups_at_once:
+            client = None
+            try:
+                client = await _open(factory)
+                await _play(client, trunk, call_policy, max_steps, stop_at=branch_at)
+                if trunk.done or trunk.truncated:
+                    why = "ended" if trunk.done else "was cut off by max_steps"
+                    for branch in branches:
+                        branch.error = (
+                            f"the group's episode {why} after {trunk.step} step(s), before branch_at={branch_at}: "
+                            "nothing to branch from"
+                        )
+                    return
+                forks = await client.fork(len(branches)) if branches else []
+                for branch in branches:
+                    _take_prefix(branch, trunk)
+                    branch.branched_at = branch_at
+                trunk.branched_at = branch_at
+
+                async def play_on(session: Any, episode: Episode) -> None:
+                    began = time.perf_counter() - episode.duration_s
+                    try:
+                        await _steps(session, episode, call_policy, max_steps)
+                    except Exception as exc:
+                        episode.error = f"{type(exc).__name__}: {exc}"
+                    finally:
+                        episode.duration_s = time.perf_counter() - began
+
+                await asyncio.gather(*(play_on(s, e) for s, e in zip([client, *forks], members, strict=True)))
+            except Exception as exc:
+                for episode in members:
+                    if episode.error is None and not (episode.done or episode.truncated):
+                        episode.error = f"{type(exc).__name__}: {exc}"
+            finally:
+                if client is not None:
+                    await _close(client)  # (its forks with it)
+                for episode in members:
+                    sink.write(episode)
+        failed = next((e for e in members if e.error is not None), None)
+        if failed is not None and on_error == "raise":
+            raise RuntimeError(f"episode {failed.index} failed: {failed.error}")
+
+    tasks = [
+        asyncio.ensure_future(group(plan[start : start + group_size])) for start in range(0, len(plan), group_size)
+    ]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+def _take_prefix(branch: Episode, trunk: Episode) -> None:
+    """``branch`` starts as ``trunk`` is now: its history so far, shared up to the branch point."""
+    branch.session = trunk.session
+    branch.started_at = trunk.started_at
+    branch.reset_s = trunk.reset_s
+    branch.duration_s = trunk.duration_s
+    branch.observations = list(trunk.observations)
+    branch.actions = list(trunk.actions)
+    branch.rewards = list(trunk.rewards)
+    branch.step_s = list(trunk.step_s)
+    branch.policy_s = list(trunk.policy_s)
 
 
 def _policy_caller(policy: Policy, in_thread: bool) -> Callable[..., Awaitable[Any]]:

@@ -44,6 +44,12 @@ class AsyncClient(Protocol):
 
     async def _new_session_async(self) -> Any: ...
 
+    async def _snapshot_async(self) -> Any: ...
+
+    async def _restore_async(self, snapshot: Any) -> Any: ...
+
+    async def _fork_async(self, n: int) -> Any: ...
+
     def close(self) -> Any: ...
 
     def _step_payload(self, action: Any) -> dict: ...
@@ -92,6 +98,18 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
     def new_session(self) -> SyncEnvClient[ActT, ObsT, StateT]:
         """Another session on the same server, closed with this client."""
         return self._run(self._client._new_session_async()).sync()  # it runs on this client's loop
+
+    def snapshot(self) -> Any:
+        """This session's state now, sealed by the server (see ``EnvClient.snapshot``)."""
+        return self._run(self._client._snapshot_async())
+
+    def restore(self, snapshot: Any) -> StateT:
+        """Continue this session from ``snapshot`` (see ``EnvClient.restore``)."""
+        return self._run(self._client._restore_async(snapshot))
+
+    def fork(self, n: int = 1) -> list:
+        """``n`` new clients starting from this session's state now (see ``EnvClient.fork``)."""
+        return [child.sync() for child in self._run(self._client._fork_async(n))]
 
     def close(self) -> None:
         self._client.close()

@@ -5,6 +5,15 @@ the keywords at ``reset``, among those the server allows. The client is not trus
 names is looked up in Gymnasium's registry only if the server's allow-list has it (an id with a
 ``module:`` prefix, which would make Gymnasium import that module, never passes), and it may
 pass only the ``gymnasium.make`` keywords the server allows, with plain JSON values.
+
+Snapshots (fork, save, restore) save the session's Gymnasium environment whole, as the objects it
+is made of: every wrapper with its counters (``TimeLimit``'s elapsed steps, the order and
+checker flags), the inner environment's attributes (CartPole's ``state``, FrozenLake's ``s``,
+Blackjack's hands, ...), its ``np_random`` generator with its state, the spaces and the spec;
+plus the episode's state. A restored session steps exactly as the saved one would. An
+environment whose state is not plain Python and NumPy data (a render window, a physics engine's
+native object) is refused, naming the attribute. The server's allow-lists are not saved: a
+snapshot restores only where its ``env_id`` and keywords are allowed.
 """
 
 from __future__ import annotations
@@ -16,8 +25,10 @@ from uuid import uuid4
 
 import gymnasium
 
+from openenv.core.env_server.exceptions import SnapshotUnsupportedError
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.serialization import to_jsonable
+from openenv.core.env_server.snapshot_data import UnsavableError, encode
 from openenv.core.env_server.types import EnvironmentMetadata
 
 from .models import GymnasiumAction, GymnasiumObservation, GymnasiumState
@@ -56,6 +67,8 @@ class GymnasiumEnvironment(Environment[GymnasiumAction, GymnasiumObservation, Gy
     """
 
     SUPPORTS_CONCURRENT_SESSIONS = True
+    SUPPORTS_SNAPSHOT = True
+    SNAPSHOT_EXCLUDE = ("env_ids", "make_kwargs")  # the server's allow-lists: the restoring server's own
     ENV_IDS: Tuple[str, ...] = CLASSIC_CONTROL
     MAKE_KWARGS: Tuple[str, ...] = ("max_episode_steps",)
 
@@ -127,6 +140,29 @@ class GymnasiumEnvironment(Environment[GymnasiumAction, GymnasiumObservation, Gy
         env, self._env, self._made = self._env, None, None
         if env is not None:
             env.close()
+
+    # --- snapshots (see the module docstring) ------------------------------------------------
+
+    def snapshot_state(self) -> Dict[str, Any]:
+        if self._env is not None:
+            assert self._made is not None
+            try:
+                encode(self._env, "self._env")
+            except UnsavableError as exc:
+                raise SnapshotUnsupportedError(
+                    f"{self._made[0]} cannot be snapshotted exactly: {exc}. Its state is not plain Python and "
+                    "NumPy data (a render window, a native engine), so its sessions are refused"
+                ) from None
+        return super().snapshot_state()
+
+    def restore_state(self, data: Dict[str, Any]) -> None:
+        made = data.get("_made")
+        if made is not None:
+            self._check(made[0], json.loads(made[1]))  # served here, with these keywords
+        previous = self._env
+        super().restore_state(data)
+        if previous is not None and previous is not self._env:
+            previous.close()
 
     def get_metadata(self) -> EnvironmentMetadata:
         """Lists the allowed ids and keywords; the readme describes each allowed id's spaces."""

@@ -128,7 +128,8 @@ class RayEnvPool:
         self._pg: Any = None
         self._started_ray = False
         self._closed = False
-        server_env = {**(env_vars or {}), TOKEN_ENV_VAR: self.token}
+        # one snapshot key for every replica: a session snapshotted on one restores on any other
+        server_env = {"OPENENV_SNAPSHOT_KEY": secrets.token_hex(32), **(env_vars or {}), TOKEN_ENV_VAR: self.token}
         if sessions_per_replica is not None:
             server_env["OPENENV_MAX_SESSIONS"] = str(sessions_per_replica)
         try:
@@ -345,6 +346,23 @@ class RayEnvPool:
             if time.monotonic() > deadline:
                 raise NoHealthyReplicaError(self._no_replica(wait_s))
             await asyncio.sleep(0.1)
+
+    async def fork(self, client: Any, n: int = 1, *, wait_s: float = 30.0) -> List[Any]:
+        """``n`` new clients (of ``client``'s class) whose sessions start from ``client``'s state
+        now, each on the least-loaded healthy replica: unlike ``client.fork(n)``, which keeps them
+        on its own server, these spread over the pool (every replica shares the pool's snapshot
+        key). Closing them is the caller's; if one cannot be made, those made are closed."""
+        snapshot = await client.snapshot()
+        kwargs = {key: value for key, value in client._clone_kwargs().items() if key not in ("base_url", "headers")}
+        forks: List[Any] = []
+        try:
+            for _ in range(n):
+                forks.append(await self.connected_client(type(client), wait_s=wait_s, **kwargs))
+            await asyncio.gather(*(fork.restore(snapshot) for fork in forks))
+        except BaseException:
+            await asyncio.gather(*(fork.close() for fork in forks), return_exceptions=True)
+            raise
+        return forks
 
     def _no_replica(self, wait_s: float) -> str:
         states = ", ".join(f"{r.index}: {'up' if r.healthy else 'down'} at {r.base_url}" for r in self._records)

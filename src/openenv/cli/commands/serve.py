@@ -8,6 +8,7 @@ import errno
 import importlib.util
 import ipaddress
 import os
+import secrets
 import signal
 import sys
 from pathlib import Path
@@ -109,6 +110,9 @@ def _server_env(host: str, pairs: List[str], max_sessions: Optional[int], web: b
     token = os.environ.get("OPENENV_AUTH_TOKEN")
     if token:  # handed on in the environment, never on a command line
         env_vars.setdefault("OPENENV_AUTH_TOKEN", token)
+    # One snapshot key for the workers of --workers and for every reload of this command's server:
+    # the shell's, or one drawn now (a snapshot is then restorable until this command stops).
+    env_vars.setdefault("OPENENV_SNAPSHOT_KEY", os.environ.get("OPENENV_SNAPSHOT_KEY") or secrets.token_hex(32))
     for name in ("OPENENV_ALLOWED_HOSTS", "OPENENV_ALLOWED_ORIGINS"):  # what browsers may use: this shell's say
         if os.environ.get(name, "").strip():
             env_vars.setdefault(name, os.environ[name])

@@ -29,6 +29,7 @@ _TITLES = {
     "env.wire": "Action, observations and state survive the wire",
     "env.seed_determinism": "Same seed, same episode",
     "env.step_after_done": "A step after the episode ended",
+    "env.snapshot": "Snapshot, restore, and continue the same",
     "env.close": "close releases the environment",
 }
 
@@ -317,6 +318,7 @@ class _EnvProbe:
             return True
         await self._determinism()
         await self._after_done(max_episode_steps)
+        await self._snapshot()
         return True
 
     def _observation_problems(self, observation: Any, declared: Optional[type]) -> List[str]:
@@ -610,6 +612,55 @@ class _EnvProbe:
                 "on: refuse such a step (raise) or keep done=True until reset(), so that a trainer stepping past "
                 "the end notices",
             )
+
+    async def _snapshot(self) -> None:
+        """With ``SUPPORTS_SNAPSHOT``: save after a step, take two more, load the save back, take
+        the same two again: the observations must be the same (as a fork's would be)."""
+        from ..env_server.serialization import observation_payload_json, parse_json
+        from ..env_server.snapshots import SnapshotSeal
+
+        if not getattr(self.cls, "SUPPORTS_SNAPSHOT", False):
+            self.add("env.snapshot", Status.SKIPPED, f"{self.cls.__name__} does not set SUPPORTS_SNAPSHOT")
+            return
+        seal = SnapshotSeal(env_name=self.cls.__name__)
+
+        async def two_steps() -> List[Any]:
+            seen = []
+            for _ in range(2):
+                try:
+                    observation = await self.step(self.action)
+                except Exception as exc:
+                    seen.append(f"refused: {type(exc).__name__}")
+                    break
+                seen.append(comparable(parse_json(observation_payload_json(observation))))
+                if observation.done:
+                    break
+            return seen
+
+        try:
+            await self.reset(SEED)
+            await self.step(self.action)
+            blob = await self.manager.call(self.session, "snapshot", seal.seal)
+        except Exception as exc:
+            self.add("env.snapshot", Status.FAILED, f"saving the session raised {_raised(exc)}")
+            return
+        first = await two_steps()
+        try:
+            await self.manager.call(self.session, "restore", lambda env: seal.restore(env, blob))
+        except Exception as exc:
+            self.add("env.snapshot", Status.FAILED, f"loading the snapshot back raised {_raised(exc.__cause__ or exc)}")
+            return
+        again = await two_steps()
+        if again != first:
+            where = first_difference(first, again)
+            self.add(
+                "env.snapshot",
+                Status.FAILED,
+                f"after the snapshot was loaded back, the same actions gave other observations ({where}): "
+                "snapshot_state must carry everything the next steps depend on (random generators included)",
+            )
+            return
+        self.add("env.snapshot", Status.PASSED, f"a {len(blob)}-byte snapshot; loaded back, {len(first)} step(s) repeated exactly")
 
     async def _close(self) -> None:
         for which in ("close()", "a second close()"):

@@ -74,6 +74,7 @@ _RUNTIME_CHECKS = [
     ("ws.round_trip", "reset / step / state over /ws"),
     ("ws.invalid_action", "Invalid action answered, connection kept"),
     ("ws.seed_determinism", "Same seed, same episode"),
+    ("ws.snapshot", "Snapshot, restore, and continue the same"),
     ("ws.concurrent_sessions", "Concurrent sessions are independent"),
 ]
 
@@ -249,6 +250,7 @@ class ServerProbe:
                     if await self._round_trip():
                         await self._invalid_action()
                         await self._determinism()
+                        await self._snapshot()
                         await self._concurrency()
             except _Broken as exc:
                 if self.report.get("ws.round_trip") is None:
@@ -503,6 +505,62 @@ class ServerProbe:
             self._episode, (_Refused, ValueError, _Broken), self.hints.env_class, self.hints.reset_accepts_seed
         )
         self.report.add("ws.seed_determinism", "Same seed, same episode", status, detail)
+
+    async def _snapshot(self) -> None:
+        """Over ``/ws``: a seeded step, a snapshot, two steps, the snapshot restored, the same two
+        steps: the same observations. Skipped where the environment does not support snapshots
+        (``NOT_SUPPORTED``) or the server has none (an OpenEnv 0.10 server: ``UNKNOWN_TYPE``)."""
+        title = "Snapshot, restore, and continue the same"
+        session = await self._session()
+
+        async def two_steps() -> List[Any]:
+            seen = []
+            for _ in range(2):
+                reply = await session.ask({"type": "step", "data": self.action})
+                seen.append(comparable(reply.get("data")) if reply.get("type") == "observation" else "refused")
+                if reply.get("type") != "observation" or (reply.get("data") or {}).get("done"):
+                    break
+            return seen
+
+        try:
+            _observation(await session.ask({"type": "reset", "data": {"seed": SEED}}), "reset")
+            await session.ask({"type": "step", "data": self.action})
+            taken = await session.ask({"type": "snapshot"})
+            error = taken.get("data") or {}
+            if taken.get("type") == "error":
+                if error.get("code") in ("NOT_SUPPORTED", "UNKNOWN_TYPE"):
+                    why = (
+                        error.get("message") if error.get("code") == "NOT_SUPPORTED" else "the server has no snapshots"
+                    )
+                    self.report.add("ws.snapshot", title, Status.SKIPPED, str(why))
+                else:
+                    self.report.add("ws.snapshot", title, Status.FAILED, f"snapshot answered {short(error)}")
+                return
+            snapshot = error.get("snapshot")
+            first = await two_steps()
+            restored = await session.ask({"type": "restore", "data": {"snapshot": snapshot}})
+            if restored.get("type") != "restore":
+                self.report.add("ws.snapshot", title, Status.FAILED, f"restore answered {short(restored.get('data'))}")
+                return
+            again = await two_steps()
+        except (_Refused, ValueError) as exc:
+            self.report.add("ws.snapshot", title, Status.FAILED, f"the episode around the snapshot failed: {exc}")
+            return
+        if again != first:
+            self.report.add(
+                "ws.snapshot",
+                title,
+                Status.FAILED,
+                f"after restore, the same actions gave other observations ({first_difference(first, again)})",
+            )
+            return
+        size = error.get("bytes")
+        self.report.add(
+            "ws.snapshot",
+            title,
+            Status.PASSED,
+            f"a {size}-byte snapshot; restored, {len(first)} step(s) repeated exactly",
+        )
 
     async def _concurrency(self) -> None:
         title = "Concurrent sessions are independent"

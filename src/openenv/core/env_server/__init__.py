@@ -99,6 +99,7 @@ _EXPORTS.update(
         "WorkersStuckError": ".exceptions",
         "EnvironmentCallError": ".exceptions",
         "EnvironmentResultError": ".exceptions",
+        "SnapshotUnsupportedError": ".exceptions",
         "deserialize_action": ".serialization",
         "deserialize_action_with_preprocessing": ".serialization",
         "serialize_observation": ".serialization",

@@ -15,6 +15,7 @@ API (:mod:`.http_server`), JSON-RPC over ``POST /mcp`` and inside ``/ws`` frames
   the recorded answer (:meth:`.resume.Resume.once`), on every transport alike;
 * **MCP**: whether the environment answers tools itself (an ``MCPEnvironment``) or takes MCP
   actions as steps;
+* snapshots: sealing a session's state and loading one back (:mod:`.snapshots`);
 * the Task API, the environment's metadata and the JSON schemas.
 
 What a transport still owns is what belongs to its wire: framing and parsing, which of its
@@ -35,6 +36,7 @@ from .mcp_types import CallToolAction, ListToolsAction, ListToolsObservation, To
 from .resume import Resume
 from .serialization import to_jsonable
 from .sessions import Session, SessionKind, SessionManager
+from .snapshots import RestoreFailedError, SnapshotSeal
 from .types import Action, EnvironmentMetadata, Observation, SchemaResponse, State
 
 MCP_ACTION_CLASSES = (CallToolAction, ListToolsAction)
@@ -53,9 +55,11 @@ class Op:
     METADATA = "metadata"
     TASK = "task"  # payload: (environment name, method, arguments)
     VIEW = "view"  # payload: a callable of the environment, run under its session's lock
+    SNAPSHOT = "snapshot"  # answers the session's sealed snapshot (bytes)
+    RESTORE = "restore"  # payload: a sealed snapshot (bytes); answers the restored state
 
 
-_ON_ENVIRONMENT = frozenset({Op.RESET, Op.STEP, Op.STATE, Op.LIST_TOOLS, Op.CALL_TOOL, Op.VIEW})
+_ON_ENVIRONMENT = frozenset({Op.RESET, Op.STEP, Op.STATE, Op.LIST_TOOLS, Op.CALL_TOOL, Op.VIEW, Op.SNAPSHOT, Op.RESTORE})
 """Operations that run on a session's environment (a throw-away one when the call names none)."""
 
 
@@ -92,8 +96,11 @@ class Dispatcher:
         observation_cls: Type[Observation],
         state_cls: Type[State],
         reset_observation_cls: Type[Observation],
+        snapshots: Optional[SnapshotSeal] = None,
     ) -> None:
         self.manager = manager
+        self.snapshots = snapshots or SnapshotSeal(env_name=env_name)
+        """Seals and opens this server's session snapshots (:mod:`.snapshots`)."""
         self.env_name = env_name
         self.action_cls = action_cls
         self.observation_cls = observation_cls
@@ -110,6 +117,8 @@ class Dispatcher:
             Op.LIST_TOOLS: self._list_tools,
             Op.CALL_TOOL: self._call_tool,
             Op.VIEW: self._view,
+            Op.SNAPSHOT: self._snapshot,
+            Op.RESTORE: self._restore,
         }
 
     # --- the one entry -------------------------------------------------------------------------
@@ -234,6 +243,22 @@ class Dispatcher:
     def _view(self, session: Session, look: Callable[[Any], Any]) -> Awaitable[Any]:
         on_loop = session.traits is not None and session.traits.on_loop
         return self.manager.call(session, "web view", look, inline=on_loop)
+
+    def _snapshot(self, session: Session, _: Any) -> Awaitable[bytes]:
+        # in the pool, also for an environment on the loop: a large state takes a while to seal
+        return self.manager.call(session, "snapshot", self.snapshots.seal)
+
+    async def _restore(self, session: Session, blob: bytes) -> Any:
+        """Load a snapshot into the session's environment; its state is the answer. A snapshot
+        this server will not load is refused before the environment is touched; an environment
+        whose ``restore_state`` fails is discarded (the session's next call gets a fresh one)."""
+        seal = self.snapshots
+        seal.check_size(blob)  # before the session is waited for
+        try:
+            return await self.manager.call(session, "restore", lambda env: seal.restore(env, blob))
+        except RestoreFailedError as exc:
+            self.manager.discard_env(session)
+            raise EnvironmentCallError(exc.__cause__ or exc) from exc
 
     async def _list_tools(self, session: Session, _: Any) -> list:
         assert session.traits is not None

@@ -39,6 +39,9 @@ BUSY = ErrorKind("SERVER_BUSY", 503, -32000, 1013)  # ServerBusyError
 INVALID_JSON = ErrorKind("INVALID_JSON", 400, -32700, 1007)  # InvalidJsonError
 MISCONFIGURED = ErrorKind("EXECUTION_ERROR", 500, -32000)  # ConcurrencyConfigurationError
 UNSUPPORTED = ErrorKind("EXECUTION_ERROR", 500, -32603)  # NoMCPError: in its own words, unlike EXECUTION
+SNAPSHOT_REFUSED = ErrorKind("SNAPSHOT_REFUSED", 400, -32602, 1008)  # SnapshotRefusedError
+SNAPSHOT_TOO_LARGE = ErrorKind("SNAPSHOT_REFUSED", 413, -32600, 1009)  # SnapshotRefusedError (size)
+NOT_SUPPORTED = ErrorKind("NOT_SUPPORTED", 501, -32601)  # SnapshotUnsupportedError
 TASK_REFUSED = {  # TaskRefusedError, by its HTTP status (the Task API answers only over HTTP)
     status: ErrorKind(code, status, rpc)
     for status, code, rpc in (
@@ -266,6 +269,33 @@ class NoMCPError(OpenEnvError):
     """A tools call to an environment that takes no MCP calls."""
 
     kind = UNSUPPORTED
+
+
+class SnapshotRefusedError(OpenEnvError):
+    """A snapshot given to restore that this server will not load: not one a server with this
+    server's key made, or made of another environment or version, or over the size limit.
+    Nothing of it was loaded; the session is as it was. ``reason`` is one of ``"forged"``,
+    ``"environment"``, ``"version"``, ``"too_large"``, ``"malformed"``."""
+
+    kind = SNAPSHOT_REFUSED
+
+    def __init__(self, reason: str, message: str) -> None:
+        self.reason = reason
+        if reason == "too_large":
+            self.kind = SNAPSHOT_TOO_LARGE  # type: ignore[misc]
+        super().__init__(message)
+
+    def details(self) -> Dict[str, Any]:
+        return {"reason": self.reason}
+
+
+class SnapshotUnsupportedError(OpenEnvError):
+    """The environment cannot save its session (its class does not say ``SUPPORTS_SNAPSHOT``, or
+    its state holds what a snapshot cannot carry: the message names the attribute). An
+    environment's ``snapshot_state`` raises it, with the reason, for a session it cannot save
+    exactly."""
+
+    kind = NOT_SUPPORTED
 
 
 class EnvironmentResultError(OpenEnvError, TypeError):

@@ -39,6 +39,7 @@ from .limits import InFlightBudget
 from .serialization import deserialize_action, serialize_observation, to_json_bytes, to_jsonable
 from .sessions import Session, SessionManager
 from .settings import ServerOptions, ServerSettings, check_argument
+from .snapshots import SnapshotSeal, snapshot_bytes, snapshot_text
 from .transports.mcp import MCPProtocol
 from .transports.ws import WebSocketRoutes, WSContext
 from .types import (
@@ -169,6 +170,11 @@ class HTTPEnvServer(UpstreamServerNames):
             observation_cls=observation_cls,
             state_cls=state_cls,
             reset_observation_cls=self.reset_observation_cls,
+            snapshots=SnapshotSeal(
+                settings.snapshot_key.encode() if settings.snapshot_key else None,
+                limits.max_snapshot_bytes,
+                self.env_name,
+            ),
         )
         """Where every transport's calls go (:mod:`.dispatch`)."""
         self.mcp = MCPProtocol(self.dispatcher, self.env_name)
@@ -363,6 +369,20 @@ class HTTPEnvServer(UpstreamServerNames):
         )
         async def state(http_request: Request, session_id: Optional[str] = Query(default=None)) -> Any:
             return await server._serve(Call(Op.STATE, None, session_id), http_request, _json_response)
+
+        @app.post("/openenv/snapshot", tags=["State Management"], summary="Snapshot a session")
+        async def snapshot(http_request: Request, request: SnapshotRequest) -> Any:
+            # (an extension: the session named by `session_id`, sealed; see docs/snapshots.md)
+            return await server._serve(Call(Op.SNAPSHOT, None, request.session_id), http_request, _snapshot_response)
+
+        @app.post("/openenv/restore", tags=["State Management"], summary="Restore a snapshot into a session")
+        async def restore(http_request: Request, request: RestoreRequest) -> Any:
+            try:
+                blob = snapshot_bytes(request.snapshot)
+            except Exception as exc:
+                return http_error(exc)
+            call = Call(Op.RESTORE, blob, request.session_id)
+            return await server._serve(call, http_request, lambda state: _json_response({"state": state}))
 
     def _register_info_routes(self, app: FastAPI) -> None:
         server = self
@@ -567,3 +587,21 @@ def create_web_interface_app(*args: Any, **options: Any) -> FastAPI:
 
 
 create_web_interface_app.__signature__ = inspect.signature(create_app)  # type: ignore[attr-defined]
+
+
+class SnapshotRequest(pydantic.BaseModel):
+    """``POST /openenv/snapshot``: the session (from ``openenv/session/create``) to snapshot."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+    session_id: str = pydantic.Field(min_length=1, max_length=256)
+
+
+class RestoreRequest(SnapshotRequest):
+    """``POST /openenv/restore``: a snapshot (base64, as ``/openenv/snapshot`` answered it) to
+    load into the session."""
+
+    snapshot: str
+
+
+def _snapshot_response(blob: bytes) -> Response:
+    return _json_response({"snapshot": snapshot_text(blob), "bytes": len(blob)})

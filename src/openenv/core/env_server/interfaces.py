@@ -20,6 +20,30 @@ loop (it must not block). One that implements only the sync methods runs in the 
 pool; one that must always run on the same thread sets ``REQUIRES_SINGLE_THREAD_EXECUTOR``; one
 whose sync calls are short and never block may set ``RUNS_ON_EVENT_LOOP`` to have them called on
 the event loop (see :attr:`Environment.RUNS_ON_EVENT_LOOP` for its cost).
+
+Snapshots (an extension of ours). An environment whose class sets ``SUPPORTS_SNAPSHOT`` can save
+its session's state and load it back, so that a client can fork a session mid-episode, save it
+and restore it on another server (``EnvClient.fork``, ``snapshot``, ``restore``):
+
+* ``snapshot_state() -> data`` returns the state as plain Python data; ``restore_state(data)``
+  makes this instance continue exactly as the one that saved it would. The server carries the
+  data in its own exact format (:mod:`.snapshot_data`), seals it with its key, and loads it only
+  into an instance of the same class and ``SNAPSHOT_VERSION``.
+* By default both work on the instance's attributes (all but ``host`` and the names in
+  ``SNAPSHOT_EXCLUDE`` of its class and of every base class, which keep the restoring
+  instance's values): right for an environment
+  whose state is plain Python data (numbers, strings, containers, pydantic models, dataclasses,
+  ``random.Random``, NumPy arrays). An attribute a snapshot cannot carry (an open file, a
+  subprocess, a lock, a lambda) is refused by name.
+* An environment that holds outside resources (a workspace directory, a REPL process, a game
+  engine's native state) overrides the two, saving what those resources hold (the files, the
+  engine's own serialisation) and rebuilding them on restore; it may call ``super()`` for the
+  rest. Where its state cannot be saved exactly, it leaves ``SUPPORTS_SNAPSHOT`` false, and
+  snapshots are refused rather than approximated.
+* An environment that can save some sessions exactly and not others (a game whose engine cannot
+  serialise every position, a process running work of its own) refuses those from
+  ``snapshot_state`` with :class:`~.exceptions.SnapshotUnsupportedError` ``(why)``: the client
+  gets ``NOT_SUPPORTED`` with that reason, and the session goes on untouched.
 """
 
 from __future__ import annotations
@@ -121,6 +145,19 @@ class EnvironmentHost:
 
 OUTSIDE_A_SERVER = EnvironmentHost()
 
+_NOT_SAVED = frozenset({"host"})
+"""Attributes no snapshot carries: the server sets them on each instance it builds."""
+
+
+def _left_out(cls: type) -> frozenset:
+    """What the default snapshot leaves out of an instance of ``cls``: ``host`` and the
+    ``SNAPSHOT_EXCLUDE`` of ``cls`` and of each of its bases."""
+    names = set(_NOT_SAVED)
+    for klass in cls.__mro__:
+        excluded = vars(klass).get("SNAPSHOT_EXCLUDE", ())
+        names.update((excluded,) if isinstance(excluded, str) else excluded)
+    return frozenset(names)
+
 
 class Environment(ABC, Generic[ActT, ObsT, StateT]):
     """Base class of every environment; see the module docstring for the contract."""
@@ -148,6 +185,20 @@ class Environment(ABC, Generic[ActT, ObsT, StateT]):
     """True for an environment that answers MCP's ``tools/list`` and ``tools/call`` itself
     (``fastmcp_tools``, ``call_tool_payload``): :class:`~.mcp_environment.MCPEnvironment` sets it.
     The server runs such an environment's MCP actions on its event loop."""
+
+    SUPPORTS_SNAPSHOT: bool = False
+    """True when ``snapshot_state`` / ``restore_state`` save and load this environment's session
+    exactly (see the module docstring); the server refuses snapshots of one that does not say so."""
+
+    SNAPSHOT_VERSION: int = 1
+    """The layout of what ``snapshot_state`` saves: raise it when that changes, and snapshots of
+    the other layout are refused instead of loaded wrongly."""
+
+    SNAPSHOT_EXCLUDE: Tuple[str, ...] = ()
+    """Attributes the default ``snapshot_state`` leaves out (caches, handles rebuilt by the
+    constructor): a restored instance keeps its own values of them. A class's names add to its
+    base classes' (a subclass of :class:`~.mcp_environment.MCPEnvironment` names only its own
+    attributes; the base's FastMCP server and tables stay out as well)."""
 
     host: EnvironmentHost = OUTSIDE_A_SERVER
     """The server this instance runs in: its mode and worker pool (:class:`EnvironmentHost`). The
@@ -186,6 +237,21 @@ class Environment(ABC, Generic[ActT, ObsT, StateT]):
 
     def close(self) -> None:
         """Release resources; called when the session ends. Must be safe to call twice."""
+
+    def snapshot_state(self) -> Any:
+        """This session's state as plain Python data (see the module docstring). By default, the
+        instance's attributes but ``host`` and those in ``SNAPSHOT_EXCLUDE``."""
+        left_out = _left_out(type(self))
+        return {name: value for name, value in vars(self).items() if name not in left_out}
+
+    def restore_state(self, data: Any) -> None:
+        """Continue from ``data``, what ``snapshot_state`` of an instance of this class returned.
+        By default, the instance's attributes become those saved (those left out stay)."""
+        left_out = _left_out(type(self))
+        kept = {name: value for name, value in vars(self).items() if name in left_out}
+        vars(self).clear()
+        vars(self).update(data)
+        vars(self).update(kept)
 
     # --- helpers environments call themselves ---------------------------------------------
 

@@ -9,6 +9,14 @@ A tool that takes FastMCP's ``Context`` (or any parameter FastMCP injects) is ca
 MCP client connection the environment holds open for its life: FastMCP keys ``ctx.set_state`` /
 ``ctx.get_state`` by connection, so what such a tool keeps lasts across the calls of one OpenEnv
 session and stays apart from other sessions'.
+
+Snapshots: an MCP environment's session state is what its subclass keeps in its own attributes
+(the tools' state included, when the tools keep it on the environment): the default
+``snapshot_state`` saves those, and leaves out the base's machinery (the FastMCP server, the tool
+tables, the MCP client connection), which the constructor rebuilds. What tools keep with
+FastMCP's ``Context`` (``ctx.set_state``) lives in FastMCP's session store instead, where a
+snapshot cannot reach it: once such a tool has been called (the environment holds its connection),
+a snapshot is refused. So is one taken while an abandoned sync tool call still runs on the instance.
 """
 
 from __future__ import annotations
@@ -47,7 +55,7 @@ from ._compat.fastmcp import (
     registered_tool_names,
     tool_result_payload,
 )
-from .exceptions import EnvironmentCallError
+from .exceptions import EnvironmentCallError, SnapshotUnsupportedError
 from .interfaces import Environment, Transform
 from .mcp_types import (
     RESERVED_TOOL_NAMES,
@@ -196,6 +204,18 @@ class MCPEnvironment(Environment):
     """
 
     ANSWERS_MCP = True
+
+    SNAPSHOT_EXCLUDE = (
+        "mcp_server",
+        "_mode_tools",
+        "_has_mode_tools",
+        "_direct",
+        "_mcp_client",
+        "_connection",
+        "_abandoned_tool_call",
+    )
+    """The base's machinery, rebuilt by the constructor (a subclass's own ``SNAPSHOT_EXCLUDE`` adds
+    to these: see :attr:`Environment.SNAPSHOT_EXCLUDE`)."""
 
     def __init__(self, mcp_server: FastMCP, transform: Optional[Transform] = None) -> None:
         """``mcp_server`` holds the tools (none may have a reserved name: ``ValueError``);
@@ -536,6 +556,29 @@ class MCPEnvironment(Environment):
     @abstractmethod
     def _step_impl(self, action: Action, timeout_s: Optional[float] = None, **kwargs: Any) -> Observation:
         """Handle an action that is not an MCP action."""
+
+    def snapshot_state(self) -> Any:
+        """The subclass's attributes (see the module docstring); refused while tool state lives
+        in FastMCP's Context store or an abandoned tool call still runs."""
+        if self._connection is not None:
+            raise SnapshotUnsupportedError(
+                f"Cannot snapshot {type(self).__name__}: a tool that takes FastMCP's Context has been called in "
+                "this session, and what such tools keep (ctx.set_state) lives in FastMCP's session store, "
+                "which a snapshot does not carry; keep the tools' state in the environment's attributes instead"
+            )
+        abandoned = getattr(self, "_abandoned_tool_call", None)
+        if abandoned is not None and not abandoned.done:
+            raise SnapshotUnsupportedError(
+                f"Cannot snapshot {type(self).__name__} now: a tool call given up on (past its deadline) is still "
+                "running on it and may yet change its state; try again once it has returned"
+            )
+        return super().snapshot_state()
+
+    def restore_state(self, data: Any) -> None:
+        """Load ``data`` (the default way); the MCP client connection this instance held, and
+        with it any Context state of its tools, is dropped: the saved session had none."""
+        self._drop_connection()
+        super().restore_state(data)
 
     def close(self) -> None:
         self._drop_connection()

@@ -631,6 +631,11 @@ class SessionManager:
         if env is not None:
             self._close_soon(env, job)
 
+    def discard_env(self, session: Session) -> None:
+        """Close the session's environment (its state is no longer known): its next call builds a
+        fresh one."""
+        self._discard_env(session)
+
     def reset(self, session: Session, kwargs: Dict[str, Any]) -> Awaitable[Any]:
         """Reset the session's environment (kwargs filtered by its ``reset`` signature)."""
         traits = session.traits

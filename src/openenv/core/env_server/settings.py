@@ -35,6 +35,10 @@ variable                                default     meaning
 ``OPENENV_SESSION_ID_PREFIX``           none        every session id this server makes starts with it and a
                                                     ``-`` (``w3-<uuid>``): the front of ``openenv serve
                                                     --workers N`` routes a call naming a session by it
+``OPENENV_SNAPSHOT_KEY``                random      the key that signs this server's session snapshots; servers
+                                                    that restore each other's snapshots (``--workers``, a Ray
+                                                    pool) share one. Unset: each server draws its own at start
+                                                    (see :mod:`.snapshots`)
 ``OPENENV_LIBRARY_INTERNALS``           1           ``0``: serve through uvicorn's, websockets' and FastMCP's
                                                     public APIs only (see :mod:`._compat`): slower, and without
                                                     the limits that need their internals
@@ -71,6 +75,9 @@ variable                                default     meaning
 ``OPENENV_RESUME_MAX_SUSPENDED_S``      3 x above   the most time in all that one such session may spend
                                                     without a connection, however often it is resumed; then
                                                     it is closed (0: no bound but the grace period)
+``OPENENV_MAX_SNAPSHOT_MB``             16          a session snapshot, made or given to restore (``SNAPSHOT_REFUSED``;
+                                                    restoring one also needs the message limit to hold it,
+                                                    base64-encoded: 4/3 of its size)
 ``OPENENV_WS_PING_INTERVAL_S``          20          seconds between the server's WebSocket pings (0: none)
 ``OPENENV_WS_PING_TIMEOUT_S``           300         a client that leaves a ping unanswered this long is dropped
                                                     (0: never): long enough for a trainer whose event loop is
@@ -208,6 +215,7 @@ _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "worker_threads": _count(0),
     "error_details": _auto_boolean,
     "auth_token": str,
+    "snapshot_key": str,
     "session_id_prefix": _prefix,
     "library_internals": _boolean,
     "allowed_origins": _origins,
@@ -226,6 +234,7 @@ _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "max_unsent_mb": _amount("MiB"),
     "resume_grace_s": _amount("seconds", "0: no resume"),
     "resume_max_suspended_s": _amount("seconds", "0: no bound but OPENENV_RESUME_GRACE_S"),
+    "max_snapshot_mb": _amount("MiB", None),
     "ws_ping_interval_s": _amount("seconds", "0: no pings"),
     "ws_ping_timeout_s": _amount("seconds", "0: no timeout"),
 }
@@ -238,6 +247,7 @@ _ARGUMENTS: Mapping[str, Tuple[Tuple[type, ...], str]] = {
     "worker_threads": ((int,), "an int"),
     "error_details": ((bool,), "True, False"),
     "auth_token": ((str,), "a str"),
+    "snapshot_key": ((str,), "a str"),
     "session_id_prefix": ((str,), "a str"),
     "gc_tuning": ((bool,), "True, False"),
     "sched_batch": ((bool,), "True, False"),
@@ -292,6 +302,7 @@ class ServerLimits:
     max_unsent_mb: float = 64.0
     resume_grace_s: float = 60.0
     resume_max_suspended_s: Optional[float] = None  # None: RESUME_MAX_SUSPENDED_GRACES x resume_grace_s
+    max_snapshot_mb: float = 16.0
     ws_ping_interval_s: float = 20.0
     ws_ping_timeout_s: float = 300.0
 
@@ -325,6 +336,10 @@ class ServerLimits:
         return int(self.max_message_mb * _MIB)
 
     @property
+    def max_snapshot_bytes(self) -> int:
+        return int(self.max_snapshot_mb * _MIB)
+
+    @property
     def max_inflight_bytes(self) -> Optional[int]:
         """None: no budget."""
         mb = 4 * self.max_message_mb if self.max_inflight_mb is None else self.max_inflight_mb
@@ -351,6 +366,7 @@ class ServerOptions(TypedDict, total=False):
     worker_threads: Optional[int]
     error_details: Optional[bool]
     auth_token: Optional[str]
+    snapshot_key: Optional[str]
     web: Optional[bool]
     session_id_prefix: Optional[str]
     limits: Optional[ServerLimits]
@@ -369,6 +385,8 @@ class ServerSettings:
     auth_token: Optional[str] = None
     session_id_prefix: Optional[str] = None
     """None: session ids are plain uuids."""
+    snapshot_key: Optional[str] = dataclasses.field(default=None, repr=False)
+    """The key that signs session snapshots (None: one drawn at random per server)."""
     limits: ServerLimits = dataclasses.field(default_factory=ServerLimits)
     gc_tuning: Optional[bool] = None
     sched_batch: bool = False

@@ -163,7 +163,9 @@ class WSErrorCode(str, Enum):
     The first seven are OpenEnv 0.10's. ``TIMEOUT`` (a step ran past the server's step timeout),
     ``MESSAGE_TOO_LARGE`` (a frame over the server's size limit), ``UNSUPPORTED_FRAME`` (a
     binary frame) and ``SERVER_BUSY`` (the server's budget of bytes in flight is spent; the
-    connection is closed with 1013, retry later) are ours; a client that does not know them still sees an error frame.
+    connection is closed with 1013, retry later), ``SNAPSHOT_REFUSED`` (a snapshot this server
+    will not load) and ``NOT_SUPPORTED`` (the environment cannot do what was asked: save a
+    snapshot, say) are ours; a client that does not know them still sees an error frame.
     """
 
     INVALID_JSON = "INVALID_JSON"
@@ -177,6 +179,8 @@ class WSErrorCode(str, Enum):
     MESSAGE_TOO_LARGE = "MESSAGE_TOO_LARGE"
     UNSUPPORTED_FRAME = "UNSUPPORTED_FRAME"
     SERVER_BUSY = "SERVER_BUSY"
+    SNAPSHOT_REFUSED = "SNAPSHOT_REFUSED"
+    NOT_SUPPORTED = "NOT_SUPPORTED"
 
 
 class ConcurrencyConfig(BaseMessage):

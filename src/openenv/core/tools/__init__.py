@@ -3,7 +3,9 @@
 * :func:`run_python` / :func:`run_shell` — one fresh sandbox per call, hard timeout that kills
   the whole process tree, memory/process limits, no network, bounded output.
 * :func:`run_shell_in_directory` — a command on a copy of a host directory that persists
-  between commands (the copy travels over a channel the command cannot reach).
+  between commands (the copy travels over a channel the command cannot reach);
+  :func:`pack_directory` / :func:`unpack_directory` carry such a directory as one byte string
+  (a session snapshot's work directory, say).
 * :class:`PythonREPL` — one persistent sandboxed interpreter per session (globals kept between
   calls; killed and restarted fresh after a timeout or a crash).
 
@@ -33,7 +35,14 @@ from .executor import (
 )
 from .git_server_client import GitServerClient, RepoInfo
 from .repl import REPL_LIMITS, PythonREPL
-from .workdir import DirectoryResult, TreeError, TreeTooLarge, run_shell_in_directory
+from .workdir import (
+    DirectoryResult,
+    TreeError,
+    TreeTooLarge,
+    pack_directory,
+    run_shell_in_directory,
+    unpack_directory,
+)
 
 __all__ = [
     "CODE_LIMITS",
@@ -52,9 +61,11 @@ __all__ = [
     "RepoInfo",
     "TreeError",
     "TreeTooLarge",
+    "pack_directory",
     "run_python",
     "run_python_async",
     "run_shell",
     "run_shell_async",
     "run_shell_in_directory",
+    "unpack_directory",
 ]

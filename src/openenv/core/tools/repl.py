@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import select
 import threading
 import time
 import weakref
@@ -129,6 +131,7 @@ class PythonREPL:
         self._capture = _Capture(max_output_bytes)
         self._lost: Optional[str] = None  # why the previous worker was killed, for the next call
         self._closed = False
+        self._idle: Tuple[int, int] = (0, 0)  # the worker's process tree right after its start
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -151,6 +154,7 @@ class PythonREPL:
         streams.read(sandbox.reply_r, capture.reply.extend)
         ready = streams.run(time.monotonic() + self.start_timeout_s, lambda: capture.has_reply() or sandbox.exited)
         if ready and capture.next_reply() == {"ready": True}:
+            self._idle = _process_tree(sandbox.proc.pid) if sandbox.proc is not None else (0, 0)
             return
         exited = sandbox.exited
         self._kill_and_drain()
@@ -184,6 +188,31 @@ class PythonREPL:
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
+
+    def background(self) -> Optional[str]:
+        """What the worker does besides answering calls, in words, or None when it does nothing
+        (or no worker runs): processes or threads the cells started that still run, output of
+        theirs not yet read, or the worker's own exit since the last call. It only looks (from
+        outside, in ``/proc``): no cell runs, nothing is read, the next call is unchanged."""
+        with self._lock:
+            sandbox = self._sandbox
+            if self._closed or sandbox is None or sandbox.proc is None:
+                return None
+            if sandbox.poll_exit():
+                return "the worker has exited since the last call (the next call starts a fresh one)"
+            waiting, _, _ = select.select([sandbox.stdout, sandbox.stderr], [], [], 0)
+            if waiting:
+                return "output of work running in the background is waiting to be read"
+            processes, threads = _process_tree(sandbox.proc.pid)
+            idle_processes, idle_threads = self._idle
+            if not idle_processes:
+                return "its processes cannot be seen in /proc here"
+            if (processes, threads) != self._idle:
+                return (
+                    f"the cells left work running: {processes - idle_processes} process(es) and "
+                    f"{threads - processes - idle_threads + idle_processes} thread(s) more than the idle worker's"
+                )
+            return None
 
     # --- calls -------------------------------------------------------------------------------
 
@@ -286,6 +315,38 @@ class PythonREPL:
         for note in notes_after or []:
             stderr = _append_note(stderr, note)
         return CodeExecResult(stdout=self._capture.stdout.text(), stderr=stderr, exit_code=exit_code)
+
+
+def _process_tree(root: int) -> Tuple[int, int]:
+    """``(processes, threads)`` of ``root`` and its descendants, as ``/proc`` shows them (0, 0
+    where it shows none of them)."""
+    children: Dict[int, List[int]] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return 0, 0
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+            parent = int(stat[stat.rindex(b")") + 2 :].split()[1])  # after the command: state, ppid
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        children.setdefault(parent, []).append(int(name))
+    processes = threads = 0
+    stack = [root]
+    while stack:
+        pid = stack.pop()
+        try:
+            count = len(os.listdir(f"/proc/{pid}/task"))
+        except OSError:
+            continue
+        processes += 1
+        threads += count
+        stack.extend(children.get(pid, ()))
+    return processes, threads
 
 
 def _shutdown(sandbox: LocalSandbox, streams: _Streams) -> None:

@@ -13,6 +13,9 @@ forks the command, waits for it, kills every process left, packs ``/workspace`` 
 result over a pipe that only it holds. The command (same uid or, as root, another one) cannot
 reach that pipe: the launcher is not dumpable, the command never inherits the pipe, and the
 command's stdout and stderr are only ever output text.
+
+:func:`pack_directory` and :func:`unpack_directory` carry such a directory in the same format
+on the host (a session snapshot's work directory), as carefully.
 """
 
 from __future__ import annotations
@@ -140,6 +143,44 @@ def run_shell_in_directory(
     return result
 
 
+def pack_directory(
+    directory: Union[str, Path],
+    *,
+    max_bytes: int = DEFAULT_MAX_DIRECTORY_BYTES,
+    max_entries: int = DEFAULT_MAX_ENTRIES,
+) -> bytes:
+    """``directory`` as one packed tree, the format work directories travel in (:mod:`._tree`):
+    its directories, regular files (contents, permission bits, modification times) and the
+    symbolic links that stay inside it (as links), read without ever following a link.
+
+    What that format cannot carry (a link leading out of the directory, a device, fifo or socket)
+    is not left out silently, as a copy without it would not be the same directory:
+    :class:`TreeError` names it. :class:`TreeTooLarge` past ``max_bytes`` (apparent sizes) or
+    ``max_entries``, before what is over is read."""
+    packed, skipped = _tree.pack(os.path.realpath(directory), max_bytes, max_entries)
+    if skipped:
+        names = ", ".join(repr(name) for name in skipped[:10]) + (" ..." if len(skipped) > 10 else "")
+        raise TreeError(
+            f"the directory holds what a packed tree does not carry (links leading out of it, devices, fifos or sockets): {names}"
+        )
+    return packed
+
+
+def unpack_directory(
+    data: bytes,
+    directory: Union[str, Path],
+    *,
+    max_bytes: int = DEFAULT_MAX_DIRECTORY_BYTES,
+    max_entries: int = DEFAULT_MAX_ENTRIES,
+) -> None:
+    """Create the tree ``data`` holds (what :func:`pack_directory` made) in the empty directory
+    ``directory``. Every entry is made under a descriptor of its parent, which the tree itself
+    made: no absolute or ``..`` names, nothing under a link, links must stay inside, apparent
+    sizes within ``max_bytes``; anything else raises :class:`TreeError` before it is written
+    (what came before it may be: unpack into a fresh directory, removed on failure)."""
+    _tree.unpack(data, str(directory), max_bytes, max_entries)
+
+
 def _read_result(sent: Optional[bytes]) -> tuple:
     """The launcher's header and packed tree, or (None, b"") when nothing usable came."""
     if sent is None or len(sent) < 4:
@@ -177,5 +218,7 @@ __all__ = [
     "DirectoryResult",
     "TreeError",
     "TreeTooLarge",
+    "pack_directory",
     "run_shell_in_directory",
+    "unpack_directory",
 ]

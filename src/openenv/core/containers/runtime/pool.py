@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import threading
 from typing import Any, Dict, List, Optional
 
@@ -61,6 +62,9 @@ class SandboxPool:
             # Reachable from elsewhere: no exception text in error answers, for any client (the
             # front names each client to the workers too, but a proxy before it may not).
             self.env_vars.setdefault("OPENENV_ERROR_DETAILS", "0")
+        # one key for every worker (and every restart of one): a snapshot made on one worker
+        # restores on any other behind this URL
+        self.env_vars.setdefault("OPENENV_SNAPSHOT_KEY", secrets.token_hex(32))
         self.check_interval_s = check_interval_s
         self.start_timeout_s = start_timeout_s
         self.prefixes = [f"w{i}" for i in range(workers)]

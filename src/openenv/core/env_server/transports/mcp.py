@@ -37,8 +37,9 @@ from ..mcp_types import (
     ToolErrorType,
     request_id_of,
 )
-from ..serialization import dumps_json, parse_json
+from ..serialization import dumps_json, parse_json, to_jsonable
 from ..sessions import Session
+from ..snapshots import snapshot_bytes, snapshot_text
 
 logger = logging.getLogger("openenv.server")
 
@@ -218,6 +219,14 @@ class MCPProtocol:
         if method == "tools/list":
             call = Call(Op.LIST_TOOLS, None, session_id or params.get("session_id") or None, seq)
             return {"tools": await self.dispatcher.run(call, own)}
+        if method == "openenv/session/snapshot":
+            call = Call(Op.SNAPSHOT, None, session_id or params.get("session_id") or None, seq)
+            blob = await self.dispatcher.run(call, own)
+            return {"snapshot": snapshot_text(blob), "bytes": len(blob)}
+        if method == "openenv/session/restore":
+            blob = snapshot_bytes(params.get("snapshot"))
+            call = Call(Op.RESTORE, blob, session_id or params.get("session_id") or None, seq)
+            return {"state": to_jsonable(await self.dispatcher.run(call, own))}
         if method == "openenv/session/create":
             return {"session_id": (await self.dispatcher.run(Call(Op.CREATE), own)).id}
         if method == "openenv/session/close":

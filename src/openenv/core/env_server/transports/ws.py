@@ -49,6 +49,7 @@ from ..serialization import (
     parse_json,
 )
 from ..sessions import Session, SessionKind, SessionState
+from ..snapshots import snapshot_bytes, snapshot_text
 from ..types import ResetRequest, WSErrorCode, WSResetMessage, WSStateMessage, WSStepMessage
 from .mcp import BINARY_FRAME, MCPProtocol, rpc_error
 
@@ -495,7 +496,9 @@ class WSProtocol:
 
 
 class SessionFrames(WSProtocol):
-    """``/ws``: ``{"type": "reset" | "step" | "state" | "mcp" | "close", "data": ...}`` frames."""
+    """``/ws``: ``{"type": "reset" | "step" | "state" | "mcp" | "close", "data": ...}`` frames, and
+    ours: ``snapshot`` (answered ``{"type": "snapshot", "data": {"snapshot": <base64>, "bytes": n}}``)
+    and ``restore`` (``"data": {"snapshot": <base64>}``, answered with the restored state)."""
 
     binary = _BINARY
 
@@ -553,6 +556,20 @@ class SessionFrames(WSProtocol):
                 session.touch()  # type: ignore[union-attr]
                 # Every frame gets a reply (the client waits for one): a notification's is an empty result.
                 return '{"type":"mcp","data":' + dumps_json((response or _EMPTY_RESULT).model_dump()) + "}"
+            if kind == "snapshot":
+                if message.keys() != _BARE_KEYS:
+                    return _envelope_error(WSStateMessage, message)
+                blob = await self.dispatcher.run(Call(Op.SNAPSHOT, None, None, seq), session)
+                return dumps_json({"type": "snapshot", "data": {"snapshot": snapshot_text(blob), "bytes": len(blob)}})
+            if kind == "restore":
+                data = message.get("data")
+                if message.keys() != WS_ENVELOPE_KEYS or not isinstance(data, dict) or data.keys() != {"snapshot"}:
+                    return error_frame(
+                        WSErrorCode.VALIDATION_ERROR, 'A restore frame is {"type": "restore", "data": {"snapshot": "<base64>"}}'
+                    )
+                blob = snapshot_bytes(data["snapshot"])
+                state = await self.dispatcher.run(Call(Op.RESTORE, blob, None, seq), session)
+                return '{"type":"restore","data":{"state":' + dumps_json(_state_data(state)) + "}}"
         except Exception as exc:
             return error_frame_of(exc, "environment call failed")
         shown = kind if isinstance(kind, str) else ("" if kind is None else json.dumps(kind))
