@@ -660,7 +660,11 @@ class _EnvProbe:
                 "snapshot_state must carry everything the next steps depend on (random generators included)",
             )
             return
-        self.add("env.snapshot", Status.PASSED, f"a {len(blob)}-byte snapshot; loaded back, {len(first)} step(s) repeated exactly")
+        self.add(
+            "env.snapshot",
+            Status.PASSED,
+            f"a {len(blob)}-byte snapshot; loaded back, {len(first)} step(s) repeated exactly",
+        )
 
     async def _close(self) -> None:
         for which in ("close()", "a second close()"):

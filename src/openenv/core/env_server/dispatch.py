@@ -59,7 +59,9 @@ class Op:
     RESTORE = "restore"  # payload: a sealed snapshot (bytes); answers the restored state
 
 
-_ON_ENVIRONMENT = frozenset({Op.RESET, Op.STEP, Op.STATE, Op.LIST_TOOLS, Op.CALL_TOOL, Op.VIEW, Op.SNAPSHOT, Op.RESTORE})
+_ON_ENVIRONMENT = frozenset(
+    {Op.RESET, Op.STEP, Op.STATE, Op.LIST_TOOLS, Op.CALL_TOOL, Op.VIEW, Op.SNAPSHOT, Op.RESTORE}
+)
 """Operations that run on a session's environment (a throw-away one when the call names none)."""
 
 

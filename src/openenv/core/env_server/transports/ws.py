@@ -565,7 +565,8 @@ class SessionFrames(WSProtocol):
                 data = message.get("data")
                 if message.keys() != WS_ENVELOPE_KEYS or not isinstance(data, dict) or data.keys() != {"snapshot"}:
                     return error_frame(
-                        WSErrorCode.VALIDATION_ERROR, 'A restore frame is {"type": "restore", "data": {"snapshot": "<base64>"}}'
+                        WSErrorCode.VALIDATION_ERROR,
+                        'A restore frame is {"type": "restore", "data": {"snapshot": "<base64>"}}',
                     )
                 blob = snapshot_bytes(data["snapshot"])
                 state = await self.dispatcher.run(Call(Op.RESTORE, blob, None, seq), session)
