@@ -154,7 +154,8 @@ class PythonREPL:
         streams.read(sandbox.reply_r, capture.reply.extend)
         ready = streams.run(time.monotonic() + self.start_timeout_s, lambda: capture.has_reply() or sandbox.exited)
         if ready and capture.next_reply() == {"ready": True}:
-            self._idle = _process_tree(sandbox.proc.pid) if sandbox.proc is not None else (0, 0)
+            proc = getattr(sandbox, "proc", None)  # (a run through the sandbox broker has none here)
+            self._idle = _process_tree(proc.pid) if proc is not None else (0, 0)
             return
         exited = sandbox.exited
         self._kill_and_drain()
@@ -196,14 +197,17 @@ class PythonREPL:
         outside, in ``/proc``): no cell runs, nothing is read, the next call is unchanged."""
         with self._lock:
             sandbox = self._sandbox
-            if self._closed or sandbox is None or sandbox.proc is None:
+            if self._closed or sandbox is None:
                 return None
+            proc = getattr(sandbox, "proc", None)
+            if proc is None:  # run by the sandbox broker: its processes are not in this server's /proc
+                return "its processes cannot be seen from this server (the worker runs through the sandbox broker)"
             if sandbox.poll_exit():
                 return "the worker has exited since the last call (the next call starts a fresh one)"
             waiting, _, _ = select.select([sandbox.stdout, sandbox.stderr], [], [], 0)
             if waiting:
                 return "output of work running in the background is waiting to be read"
-            processes, threads = _process_tree(sandbox.proc.pid)
+            processes, threads = _process_tree(proc.pid)
             idle_processes, idle_threads = self._idle
             if not idle_processes:
                 return "its processes cannot be seen in /proc here"
