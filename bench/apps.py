@@ -18,6 +18,7 @@ from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import Action, Observation, State
 
 MAX_SESSIONS = 2048
+ROLES_TOKEN = "bench-orchestrator-token-0123456789"
 
 
 class PingAction(Action):
@@ -106,6 +107,15 @@ def make_app(name: str) -> Any:
     if name == "echo":
         os.environ["MAX_CONCURRENT_ENVS"] = str(MAX_SESSIONS)
         from echo_env.server.app import app
+    elif name == "sync-roles":  # with roles: every step carries the orchestrator's principal through the table
+        app = create_app(
+            TrivialEnv,
+            PingAction,
+            PingObservation,
+            max_concurrent_envs=MAX_SESSIONS,
+            auth_token=ROLES_TOKEN,
+            grader_token=ROLES_TOKEN[::-1],
+        )
     else:
         env = {"sync": TrivialEnv, "loop": LoopTrivialEnv, "async": AsyncTrivialEnv}[name]
         app = create_app(env, PingAction, PingObservation, max_concurrent_envs=MAX_SESSIONS)

@@ -97,8 +97,9 @@ class Clients:
     """``k`` open WebSocket connections to one server, each reset and warmed up, kept open across
     the measurement slices of a pairing (so a slice measures steps, not connection set-up)."""
 
-    def __init__(self, server: Server, frame: Dict[str, Any], k: int) -> None:
+    def __init__(self, server: Server, frame: Dict[str, Any], k: int, headers: Any = None) -> None:
         self.server = server
+        self.headers = headers
         self.k = k
         self.text = json.dumps(frame, separators=(",", ":"))
         self.sockets: List[Any] = []
@@ -108,7 +109,14 @@ class Clients:
 
         for _ in range(self.k):
             self.sockets.append(
-                await connect(self.server.url, compression=None, max_size=2**28, open_timeout=30, ping_interval=None)
+                await connect(
+                    self.server.url,
+                    compression=None,
+                    max_size=2**28,
+                    open_timeout=30,
+                    ping_interval=None,
+                    additional_headers=self.headers,
+                )
             )
         for ws in self.sockets:
             await ws.send('{"type":"reset","data":{}}')
@@ -162,11 +170,17 @@ class Clients:
 
 
 async def pairing(
-    floor: Server, ours: Server, frame: Dict[str, Any], k: int, seconds: float, repeats: int
+    floor: Server,
+    ours: Server,
+    frame: Dict[str, Any],
+    k: int,
+    seconds: float,
+    repeats: int,
+    ours_headers: Any = None,
 ) -> Dict[str, List[Dict[str, float]]]:
     """``repeats`` measurements of each server, back to back in alternating order, with both
     servers' connections open throughout (a slice drives one server's; the other's stay idle)."""
-    pair = {"floor": Clients(floor, frame, k), "ours": Clients(ours, frame, k)}
+    pair = {"floor": Clients(floor, frame, k), "ours": Clients(ours, frame, k, ours_headers)}
     runs: Dict[str, List[Dict[str, float]]] = {"floor": [], "ours": []}
     try:
         for clients in pair.values():

@@ -589,6 +589,7 @@ def test_scalar_alias_is_int_float_bool() -> None:
                 "SERVER_BUSY": "SERVER_BUSY",
                 "SNAPSHOT_REFUSED": "SNAPSHOT_REFUSED",
                 "NOT_SUPPORTED": "NOT_SUPPORTED",
+                "FORBIDDEN": "FORBIDDEN",
             },
         ),
         (McpMethod, {"TOOLS_LIST": "tools/list", "TOOLS_CALL": "tools/call"}),

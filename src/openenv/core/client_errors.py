@@ -119,6 +119,13 @@ class NotSupportedError(ServerError):
     code = "NOT_SUPPORTED"
 
 
+class ForbiddenError(ServerError):
+    """The server knows the caller's credential, and its role may not do this (``details``:
+    ``role``, and the roles that may, ``needed``); see docs/roles.md."""
+
+    code = "FORBIDDEN"
+
+
 _BY_CODE: Dict[str, Type[ServerError]] = {
     "INVALID_JSON": InvalidMessageError,
     "UNKNOWN_TYPE": InvalidMessageError,
@@ -133,6 +140,7 @@ _BY_CODE: Dict[str, Type[ServerError]] = {
     "TIMEOUT": StepTimeoutError,
     "SNAPSHOT_REFUSED": SnapshotRefusedError,
     "NOT_SUPPORTED": NotSupportedError,
+    "FORBIDDEN": ForbiddenError,
 }
 
 

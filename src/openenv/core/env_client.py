@@ -326,6 +326,13 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         state. A snapshot the server will not load is refused before anything changes."""
         return self._dispatch(self._restore_async, snapshot)
 
+    def agent_token(self) -> Any:
+        """A credential for the agent acting in this session (a server with roles, see
+        docs/roles.md): ``{"token", "session_id", "expires_at"}``. With it, an agent reaches this
+        session's agent-visible tools (``POST /mcp``, ``Authorization: Bearer <token>``) and
+        nothing else; it dies with the session."""
+        return self._dispatch(self._agent_token_async)
+
     def fork(self, n: int = 1) -> Any:
         """``n`` new clients whose sessions start from this session's state now, each on its own
         connection to this client's server (behind a ``--workers`` front or a Ray pool, spread
@@ -807,6 +814,10 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         response = await self._request({"type": "snapshot"})
         data = response.get("data") or {}
         return Snapshot(_snapshot_bytes(data.get("snapshot")))
+
+    async def _agent_token_async(self) -> Dict[str, Any]:
+        response = await self._request({"type": "agent_token"})
+        return dict(response.get("data") or {})
 
     async def _restore_async(self, snapshot: Snapshot) -> StateT:
         if not isinstance(snapshot, Snapshot):

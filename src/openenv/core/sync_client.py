@@ -50,6 +50,8 @@ class AsyncClient(Protocol):
 
     async def _fork_async(self, n: int) -> Any: ...
 
+    async def _agent_token_async(self) -> Any: ...
+
     def close(self) -> Any: ...
 
     def _step_payload(self, action: Any) -> dict: ...
@@ -106,6 +108,10 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
     def restore(self, snapshot: Any) -> StateT:
         """Continue this session from ``snapshot`` (see ``EnvClient.restore``)."""
         return self._run(self._client._restore_async(snapshot))
+
+    def agent_token(self) -> dict:
+        """A credential for this session's agent (see ``EnvClient.agent_token``)."""
+        return self._run(self._client._agent_token_async())
 
     def fork(self, n: int = 1) -> list:
         """``n`` new clients starting from this session's state now (see ``EnvClient.fork``)."""

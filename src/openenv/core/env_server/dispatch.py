@@ -31,15 +31,37 @@ from typing import Any, Awaitable, Callable, Dict, Optional, Tuple, Type
 
 import pydantic
 
-from .exceptions import SESSION_CONFLICT, EnvironmentCallError, NoMCPError, OpenEnvError, TaskRefusedError
-from .mcp_types import CallToolAction, ListToolsAction, ListToolsObservation, ToolCallFailed
+from .exceptions import (
+    SESSION_CONFLICT,
+    EnvironmentCallError,
+    NoMCPError,
+    OpenEnvError,
+    SessionNotFoundError,
+    TaskRefusedError,
+)
+from .mcp_types import (
+    CallToolAction,
+    ListToolsAction,
+    ListToolsObservation,
+    ToolCallFailed,
+    ToolError,
+    ToolErrorType,
+)
 from .resume import Resume
+from .roles import ALLOWED, OPEN, AgentCredentials, ForbiddenError, Principal, Role, audit_line
 from .serialization import to_jsonable
 from .sessions import Session, SessionKind, SessionManager
 from .snapshots import RestoreFailedError, SnapshotSeal
 from .types import Action, EnvironmentMetadata, Observation, SchemaResponse, State
 
 MCP_ACTION_CLASSES = (CallToolAction, ListToolsAction)
+
+_PRIVILEGED = frozenset({"session/create", "session/close", "snapshot", "restore", "agent/mint"})
+"""Operations an orchestrator makes that leave an audit line (on a server with roles)."""
+
+
+async def _done(value: Any) -> Any:
+    return value
 
 
 class Op:
@@ -57,10 +79,11 @@ class Op:
     VIEW = "view"  # payload: a callable of the environment, run under its session's lock
     SNAPSHOT = "snapshot"  # answers the session's sealed snapshot (bytes)
     RESTORE = "restore"  # payload: a sealed snapshot (bytes); answers the restored state
+    MINT_AGENT = "agent/mint"  # answers a credential for the session's agent (see .roles)
 
 
 _ON_ENVIRONMENT = frozenset(
-    {Op.RESET, Op.STEP, Op.STATE, Op.LIST_TOOLS, Op.CALL_TOOL, Op.VIEW, Op.SNAPSHOT, Op.RESTORE}
+    {Op.RESET, Op.STEP, Op.STATE, Op.LIST_TOOLS, Op.CALL_TOOL, Op.VIEW, Op.SNAPSHOT, Op.RESTORE, Op.MINT_AGENT}
 )
 """Operations that run on a session's environment (a throw-away one when the call names none)."""
 
@@ -68,12 +91,14 @@ _ON_ENVIRONMENT = frozenset(
 @dataclasses.dataclass(slots=True)
 class Call:
     """One decoded call: the operation, its payload, the session it names by id (None: the
-    connection's own, or none), and its sequence number (None: not numbered)."""
+    connection's own, or none), its sequence number (None: not numbered), and who makes it (the
+    principal the edge found: :data:`.roles.OPEN` on a server without tokens)."""
 
     op: str
     payload: Any = None
     session_id: Optional[str] = None
     seq: Any = None
+    principal: Principal = OPEN
 
 
 @dataclasses.dataclass(slots=True)
@@ -99,10 +124,13 @@ class Dispatcher:
         state_cls: Type[State],
         reset_observation_cls: Type[Observation],
         snapshots: Optional[SnapshotSeal] = None,
+        agents: Optional[AgentCredentials] = None,
     ) -> None:
         self.manager = manager
         self.snapshots = snapshots or SnapshotSeal(env_name=env_name)
         """Seals and opens this server's session snapshots (:mod:`.snapshots`)."""
+        self.agents = agents or AgentCredentials()
+        """Mints and checks the agents' per-session credentials (:mod:`.roles`)."""
         self.env_name = env_name
         self.action_cls = action_cls
         self.observation_cls = observation_cls
@@ -121,6 +149,7 @@ class Dispatcher:
             Op.VIEW: self._view,
             Op.SNAPSHOT: self._snapshot,
             Op.RESTORE: self._restore,
+            Op.MINT_AGENT: self._mint_agent,
         }
 
     # --- the one entry -------------------------------------------------------------------------
@@ -131,6 +160,9 @@ class Dispatcher:
         coroutine itself: a step on a connection's own session awaits the session manager's call
         directly, with no frame of the dispatcher's between, as before there was one.)"""
         op = call.op
+        principal = call.principal
+        if principal is not OPEN:  # a server with roles, and a caller who is no orchestrator
+            own = self._authorized(call, own, principal)
         if op not in _ON_ENVIRONMENT:
             return self._session_op(call, own)
         run = self._ops[op]
@@ -147,6 +179,64 @@ class Dispatcher:
     async def _on_temporary(self, run: Callable[[Session, Any], Awaitable[Any]], payload: Any) -> Any:
         async with self.manager.temporary() as temporary:
             return await run(temporary, payload)
+
+    # --- roles ------------------------------------------------------------------------------
+
+    def _authorized(self, call: Call, own: Optional[Session], principal: Principal) -> Optional[Session]:
+        """Check ``call`` against the table of :mod:`.roles` (:class:`ForbiddenError` when its
+        caller may not make it); returns the session it runs on where the role decides that
+        (an agent's own; the one a grader names, whatever kind)."""
+        op, role = call.op, principal.role
+        if role is Role.ORCHESTRATOR:  # (an orchestrator on a server with roles: OPEN is not it)
+            if op in _PRIVILEGED:
+                audit_line(principal, op, call.session_id or (own.id if own is not None else None), "allowed")
+            return own
+        if op not in ALLOWED[role]:
+            audit_line(principal, op, call.session_id, "refused")
+            raise ForbiddenError(principal, op)
+        if role is Role.AGENT:
+            session = self._agent_session(principal)
+            if (call.session_id and call.session_id != session.id) or (own is not None and own is not session):
+                audit_line(principal, op, call.session_id, "refused: another session")
+                raise ForbiddenError(principal, op, "An agent credential reaches its own session's tools only")
+            self._tool_scope(call, session, Role.AGENT)
+            return session
+        if role is Role.GRADER and op in _ON_ENVIRONMENT:
+            if not call.session_id:
+                raise ForbiddenError(principal, op, "A grader names the session it inspects (session_id)")
+            session = self.manager.find(str(call.session_id))
+            if session is None:
+                audit_line(principal, op, call.session_id, "refused: no such session")
+                raise SessionNotFoundError(str(call.session_id))
+            self._tool_scope(call, session, Role.GRADER)
+            audit_line(principal, op, session.id, "allowed")
+            return session
+        return own
+
+    def _agent_session(self, principal: Principal) -> Session:
+        """The session an agent credential was minted for, while it lives (its nonce matches)."""
+        session = self.manager.find(principal.session_id or "")
+        if session is None or session.agent_nonce != principal.nonce:
+            audit_line(principal, "call", principal.session_id, "refused: the session ended")
+            raise ForbiddenError(principal, "tools/call", "This agent credential is no longer valid: its session ended")
+        return session
+
+    @staticmethod
+    def _tool_scope(call: Call, session: Session, role: Role) -> None:
+        """An agent sees all tools but the environment's grader-only ones; a grader only those."""
+        grader_tools = frozenset(getattr(type(session.env), "GRADER_TOOLS", ()) or ())
+        if call.op == Op.LIST_TOOLS:
+            call.payload = (role, grader_tools)
+        elif call.op == Op.CALL_TOOL:
+            name = call.payload[0]
+            if (name in grader_tools) != (role is Role.GRADER):
+                raise ToolCallFailed(
+                    ToolError(error_type=ToolErrorType.TOOL_NOT_FOUND, message=f"Tool '{name}' not found")
+                )
+
+    def _mint_agent(self, session: Session, _: Any) -> Awaitable[Dict[str, Any]]:
+        credential = self.agents.mint(session.id, session.agent_nonce)
+        return _done(credential)
 
     def session_named(self, session_id: str) -> Session:
         """The session a call names by id (:meth:`.sessions.SessionManager.get`: never another
@@ -262,15 +352,20 @@ class Dispatcher:
             self.manager.discard_env(session)
             raise EnvironmentCallError(exc.__cause__ or exc) from exc
 
-    async def _list_tools(self, session: Session, _: Any) -> list:
+    async def _list_tools(self, session: Session, scope: Any) -> list:
         assert session.traits is not None
         if session.traits.mcp:
             tools = await self.manager.call(session, "tools/list", None, lambda env: env.fastmcp_tools())
-            return [_tool_listing(tool) for tool in tools]
-        observation = await self._step_mcp_action(session, ListToolsAction())
-        if not isinstance(observation, ListToolsObservation):
-            raise NoMCPError("Environment answered tools/list without a ListToolsObservation")
-        return [{**tool.model_dump(), "inputSchema": tool.input_schema} for tool in observation.tools]
+            listed = [_tool_listing(tool) for tool in tools]
+        else:
+            observation = await self._step_mcp_action(session, ListToolsAction())
+            if not isinstance(observation, ListToolsObservation):
+                raise NoMCPError("Environment answered tools/list without a ListToolsObservation")
+            listed = [{**tool.model_dump(), "inputSchema": tool.input_schema} for tool in observation.tools]
+        if scope is None:  # an orchestrator: every tool
+            return listed
+        role, grader_tools = scope
+        return [tool for tool in listed if (tool["name"] in grader_tools) == (role is Role.GRADER)]
 
     async def _call_tool(self, session: Session, payload: Tuple[str, Dict[str, Any]]) -> ToolResult:
         name, arguments = payload

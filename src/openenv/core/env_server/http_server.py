@@ -36,6 +36,7 @@ from .edges.middleware import BearerAuth, BodyLimits, ErrorDetailsScope, SameOri
 from .exceptions import EnvironmentCallError, EnvironmentResultError, TaskRefusedError
 from .interfaces import Environment, EnvironmentHost
 from .limits import InFlightBudget
+from .roles import Role, principal_of
 from .serialization import deserialize_action, serialize_observation, to_json_bytes, to_jsonable
 from .sessions import Session, SessionManager
 from .settings import ServerOptions, ServerSettings, check_argument
@@ -160,7 +161,9 @@ class HTTPEnvServer(UpstreamServerNames):
             resume_grace_s=limits.resume_grace_s,
             resume_max_suspended_s=limits.resume_suspended_cap_s,
         )
-        self.auth_token = auth.checked_token(settings.auth_token)
+        self.credentials = auth.credentials(settings.auth_token, settings.grader_token, settings.observer_token)
+        """The tokens this server takes and their roles (None: it requires none; see :mod:`.roles`)."""
+        self.auth_token = self.credentials.tokens[Role.ORCHESTRATOR] if self.credentials is not None else None
         self.manager.prepare = self.prepare_session
         max_chars = limits.max_message_bytes
         self.dispatcher = Dispatcher(
@@ -170,6 +173,7 @@ class HTTPEnvServer(UpstreamServerNames):
             observation_cls=observation_cls,
             state_cls=state_cls,
             reset_observation_cls=self.reset_observation_cls,
+            agents=self.credentials.agents if self.credentials is not None else None,
             snapshots=SnapshotSeal(
                 settings.snapshot_key.encode() if settings.snapshot_key else None,
                 limits.max_snapshot_bytes,
@@ -212,6 +216,10 @@ class HTTPEnvServer(UpstreamServerNames):
     # --- the HTTP codec's one way to the dispatcher -----------------------------------------
 
     async def _serve(self, call: Call, request: Request, encode: Callable[[Any], Any]) -> Any:
+        call.principal = principal_of(request.scope)
+        return await self._serve_call(call, request, encode)
+
+    async def _serve_call(self, call: Call, request: Request, encode: Callable[[Any], Any]) -> Any:
         """``encode`` of the answer to ``call``, its failures answered as JSON errors with a code.
 
         A call on a named session may carry its number (``X-OpenEnv-Seq``): sent again, it is
@@ -262,10 +270,10 @@ class HTTPEnvServer(UpstreamServerNames):
     def schema(self) -> Dict[str, Any]:
         return self.dispatcher.schema()
 
-    async def _call_task_method(self, env_name: str, method: str, *args: Any) -> Any:
+    async def _call_task_method(self, request: Request, env_name: str, method: str, *args: Any) -> Any:
         """``method`` of a fresh environment, its result checked and shaped into the reply (a
         method that fails, or returns what the reply cannot hold, is a JSON 500)."""
-        call = Call(Op.TASK, (env_name, method, args))
+        call = Call(Op.TASK, (env_name, method, args), principal=principal_of(request.scope))
         return await self._answer(call, lambda result: _json_response(_task_reply(method, result, self.env_name)))
 
     # --- routes ------------------------------------------------------------------------------
@@ -295,8 +303,8 @@ class HTTPEnvServer(UpstreamServerNames):
         # The edges (see .edges.middleware), innermost first: Starlette wraps each added one around the previous.
         app.add_middleware(BodyLimits, limit=self.settings.limits.max_message_bytes, budget=self.budget)
         app.add_middleware(WebSocketRoutes, context=self.ws_context, routes=app.router.routes)
-        if self.auth_token is not None:
-            app.add_middleware(BearerAuth, token=self.auth_token, open_paths=open_paths)
+        if self.credentials is not None:
+            app.add_middleware(BearerAuth, credentials=self.credentials, open_paths=open_paths)
         app.add_middleware(SameOrigin, allowed=self.settings.allowed_origins, hosts=self.settings.allowed_hosts)
         app.add_middleware(ErrorDetailsScope, choice=self.settings.error_details)
         app.add_middleware(TransportLimits, limits=self.settings.limits, budget=self.budget)
@@ -375,6 +383,11 @@ class HTTPEnvServer(UpstreamServerNames):
             # (an extension: the session named by `session_id`, sealed; see docs/snapshots.md)
             return await server._serve(Call(Op.SNAPSHOT, None, request.session_id), http_request, _snapshot_response)
 
+        @app.post("/openenv/agent_token", tags=["State Management"], summary="Mint an agent credential")
+        async def agent_token(http_request: Request, request: SnapshotRequest) -> Any:
+            # (an extension: a credential for the agent of the named session; see docs/roles.md)
+            return await server._serve(Call(Op.MINT_AGENT, None, request.session_id), http_request, _json_response)
+
         @app.post("/openenv/restore", tags=["State Management"], summary="Restore a snapshot into a session")
         async def restore(http_request: Request, request: RestoreRequest) -> Any:
             try:
@@ -409,9 +422,11 @@ class HTTPEnvServer(UpstreamServerNames):
         @app.get(
             "/metadata", response_model=EnvironmentMetadata, tags=["Environment Info"], summary="Environment metadata"
         )
-        async def metadata() -> Any:
+        async def metadata(http_request: Request) -> Any:
             try:
-                return (await server._metadata_of_env()).model_dump()
+                return (
+                    await server.dispatcher.run(Call(Op.METADATA, principal=principal_of(http_request.scope)))
+                ).model_dump()
             except Exception as exc:
                 return http_error(exc)
 
@@ -423,25 +438,25 @@ class HTTPEnvServer(UpstreamServerNames):
             return [server.env_name]
 
         @app.get("/{env_name}/splits", tags=["Tasks"], summary="Task splits")
-        async def splits(env_name: str) -> Any:
-            return await server._call_task_method(env_name, "list_splits")
+        async def splits(env_name: str, http_request: Request) -> Any:
+            return await server._call_task_method(http_request, env_name, "list_splits")
 
         @app.post("/{env_name}/tasks", tags=["Tasks"], summary="Tasks of a split")
-        async def tasks(env_name: str, request: ListTasksRequest) -> Any:
-            return await server._call_task_method(env_name, "list_tasks", request.split)
+        async def tasks(env_name: str, http_request: Request, request: ListTasksRequest) -> Any:
+            return await server._call_task_method(http_request, env_name, "list_tasks", request.split)
 
         @app.post("/{env_name}/num_tasks", tags=["Tasks"], summary="Number of tasks in a split")
-        async def num_tasks(env_name: str, request: NumTasksRequest) -> Any:
-            return await server._call_task_method(env_name, "num_tasks", request.split)
+        async def num_tasks(env_name: str, http_request: Request, request: NumTasksRequest) -> Any:
+            return await server._call_task_method(http_request, env_name, "num_tasks", request.split)
 
         @app.post("/{env_name}/task", tags=["Tasks"], summary="One task")
-        async def task(env_name: str, request: GetTaskRequest) -> Any:
-            return await server._call_task_method(env_name, "get_task", request.split, request.index)
+        async def task(env_name: str, http_request: Request, request: GetTaskRequest) -> Any:
+            return await server._call_task_method(http_request, env_name, "get_task", request.split, request.index)
 
         @app.post("/{env_name}/task_range", tags=["Tasks"], summary="A slice of a split's tasks")
-        async def task_range(env_name: str, request: GetTaskRangeRequest) -> Any:
+        async def task_range(env_name: str, http_request: Request, request: GetTaskRangeRequest) -> Any:
             return await server._call_task_method(
-                env_name, "get_task_range", request.split, request.start, request.stop
+                http_request, env_name, "get_task_range", request.split, request.start, request.stop
             )
 
 

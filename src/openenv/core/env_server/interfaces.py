@@ -200,6 +200,10 @@ class Environment(ABC, Generic[ActT, ObsT, StateT]):
     base classes' (a subclass of :class:`~.mcp_environment.MCPEnvironment` names only its own
     attributes; the base's FastMCP server and tables stay out as well)."""
 
+    GRADER_TOOLS: Tuple[str, ...] = ()
+    """Names of MCP tools for the grader only (see docs/roles.md): an agent never sees them in
+    ``tools/list`` and cannot call them; a grader sees and calls only these; the orchestrator all."""
+
     host: EnvironmentHost = OUTSIDE_A_SERVER
     """The server this instance runs in: its mode and worker pool (:class:`EnvironmentHost`). The
     server sets it on each instance it builds, before the first call; an instance used on its

@@ -11,7 +11,7 @@ A server that requires tokens (``OPENENV_AUTH_TOKEN``) knows four roles:
   environment's grader-only tools;
 * **observer** (``OPENENV_OBSERVER_TOKEN``): progress only (health, capacity, metadata, schemas).
 
-The edge (:class:`.edges.middleware.BearerAuth`) turns the ``Authorization`` header into a
+The edge (:class:`.edges.middleware.BearerAuth`, with :class:`.edges.auth.Credentials`) turns the ``Authorization`` header into a
 :class:`Principal` (or refuses it, 401); every transport hands the principal with each call to the
 dispatcher, which checks it against :data:`ALLOWED` before anything runs (403, naming the role
 needed). A server without tokens has one role, the orchestrator, for everyone, as before.
@@ -57,6 +57,20 @@ class Principal:
 OPEN = Principal(Role.ORCHESTRATOR)
 """The principal of every request to a server that requires no token."""
 
+ORCHESTRATOR = Principal(Role.ORCHESTRATOR)
+"""The orchestrator's principal on a server with roles (equal to :data:`OPEN`, not it: its
+privileged calls leave audit lines)."""
+
+SCOPE_KEY = "openenv.principal"
+"""Where the edge leaves a request's :class:`Principal` in its ASGI scope."""
+
+
+def principal_of(scope: Any) -> Principal:
+    """The principal the edge found for the request or connection of ``scope`` (:data:`OPEN`
+    where the server requires no token)."""
+    return scope.get(SCOPE_KEY) or OPEN
+
+
 AGENT_PREFIX = "oe-agent."
 DEFAULT_AGENT_TTL_S = 3600.0
 
@@ -82,11 +96,16 @@ ALLOWED: Dict[Role, FrozenSet[str]] = {
     )
     | _READ,
     Role.AGENT: frozenset({"tools/list", "tools/call"}),
-    Role.GRADER: frozenset({"state", "tools/list", "tools/call"}) | _READ,
+    Role.GRADER: frozenset({"state", "tools/list", "tools/call", "task"}) | _READ,
     Role.OBSERVER: _READ,
 }
 """The table: which operations each role may run. An agent's are further bound to its own
 session and its agent-visible tools; a grader's tools are the grader-only ones."""
+
+
+def audit_line(principal: Principal, op: str, session_id: Optional[str], outcome: str) -> None:
+    """Log one privileged call or refusal (``openenv.audit``): role, operation, session, outcome."""
+    audit.info("%s %s session=%s %s", principal, op, session_id or "-", outcome)
 
 
 def needed_roles(op: str) -> str:
@@ -95,10 +114,13 @@ def needed_roles(op: str) -> str:
     return " or ".join(names) if names else "no role"
 
 
+FORBIDDEN = ErrorKind("FORBIDDEN", 403, -32001, 1008)
+
+
 class ForbiddenError(OpenEnvError):
     """The caller's role may not do this (or, for an agent, not on this session)."""
 
-    kind = ErrorKind("FORBIDDEN", 403, -32001, 1008)
+    kind = FORBIDDEN
 
     def __init__(self, principal: Principal, op: str, message: Optional[str] = None) -> None:
         self.role = principal.role.value
@@ -126,6 +148,8 @@ class AgentCredentials:
         return base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
     def mint(self, session_id: str, nonce: str, ttl_s: Optional[float] = None) -> Dict[str, Any]:
+        """A credential for the agent of session ``session_id`` (whose nonce is ``nonce``):
+        ``{"token", "session_id", "expires_at"}``."""
         expires = int(time.time() + (self.ttl_s if ttl_s is None else ttl_s))
         body = f"{session_id}.{expires}.{nonce}"
         return {"token": f"{AGENT_PREFIX}{body}.{self._mac(body)}", "session_id": session_id, "expires_at": expires}

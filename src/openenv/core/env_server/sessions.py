@@ -35,6 +35,7 @@ import functools
 import inspect
 import logging
 import operator
+import secrets
 import time
 import uuid
 from collections import OrderedDict
@@ -125,6 +126,8 @@ class Session:
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)  # one call at a time (FIFO)
     inflight: Optional[Job] = None  # the pool call running on ``env`` (its caller may have left)
     resume: Optional[Resume] = None  # its resume record, where calls carry sequence numbers
+    agent_nonce: str = dataclasses.field(default_factory=lambda: secrets.token_hex(8))
+    """Bound into the agent credentials minted for it (see :mod:`.roles`): theirs only."""
 
     def __post_init__(self) -> None:
         self.last_activity_at = self.created_at
@@ -296,6 +299,13 @@ class SessionManager:
         if session.state is SessionState.CREATING:
             raise SessionCreationError("initializing", f"Session {session_id} is still initializing; retry shortly")
         return session
+
+    def find(self, session_id: str) -> Optional[Session]:
+        """The ready session named ``session_id``, of any kind, or None. Only for a caller whose
+        credential gives it the right to reach the session (an agent's own, a grader's): an id
+        alone reaches none but shared ones (:meth:`get`)."""
+        session = self._sessions.get(session_id)
+        return session if session is not None and session.state is SessionState.READY else None
 
     def session_info(self, session_id: str) -> Optional[SessionInfo]:
         session = self._sessions.get(session_id)

@@ -20,6 +20,10 @@ variable                                default     meaning
                                                     environment exception's text (see :mod:`.error_details`)
 ``OPENENV_AUTH_TOKEN``                  none        bearer token every route but ``/health`` (and the web
                                                     page's own files) needs
+``OPENENV_GRADER_TOKEN``                none        the grader's token: read-only inspection of sessions (needs
+                                                    ``OPENENV_AUTH_TOKEN``; see :mod:`.roles`, docs/roles.md)
+``OPENENV_OBSERVER_TOKEN``              none        the observer's token: health, capacity, metadata only. Each
+                                                    token may come from a file instead: ``<VARIABLE>_FILE``
 ``OPENENV_ALLOWED_ORIGINS``             none        pages of other sites allowed to open ``/ws`` and send
                                                     POSTs (comma-separated ``scheme://host[:port]``, or
                                                     ``*``: any); a browser's page of this server's own
@@ -215,6 +219,8 @@ _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "worker_threads": _count(0),
     "error_details": _auto_boolean,
     "auth_token": str,
+    "grader_token": str,
+    "observer_token": str,
     "snapshot_key": str,
     "session_id_prefix": _prefix,
     "library_internals": _boolean,
@@ -247,6 +253,8 @@ _ARGUMENTS: Mapping[str, Tuple[Tuple[type, ...], str]] = {
     "worker_threads": ((int,), "an int"),
     "error_details": ((bool,), "True, False"),
     "auth_token": ((str,), "a str"),
+    "grader_token": ((str,), "a str"),
+    "observer_token": ((str,), "a str"),
     "snapshot_key": ((str,), "a str"),
     "session_id_prefix": ((str,), "a str"),
     "gc_tuning": ((bool,), "True, False"),
@@ -261,11 +269,22 @@ _VARIABLES: Mapping[str, str] = {"web": "ENABLE_WEB_INTERFACE"}
 """Fields whose variable is not ``OPENENV_<FIELD>`` (upstream's names)."""
 
 
+_TOKEN_FIELDS = frozenset({"auth_token", "grader_token", "observer_token"})
+
+
 def read(environ: Mapping[str, str], field: str) -> Any:
     """The value of ``field``'s variable in ``environ`` (``dataclasses.MISSING`` when unset or
-    blank); a ``ValueError`` naming the variable when it does not parse."""
+    blank); a ``ValueError`` naming the variable when it does not parse. A token may also be
+    given as a file holding it (``OPENENV_AUTH_TOKEN_FILE``, ...), read when its variable is unset."""
     name = _VARIABLES.get(field) or "OPENENV_" + field.upper()
     raw = environ.get(name, "").strip()
+    if not raw and field in _TOKEN_FIELDS and environ.get(name + "_FILE", "").strip():
+        path = environ[name + "_FILE"].strip()
+        try:
+            with open(path, encoding="utf-8") as file:
+                raw = file.read().strip()
+        except OSError as exc:
+            raise ValueError(f"{name}_FILE names a file that cannot be read ({exc.strerror}): {path}") from None
     if not raw:
         return dataclasses.MISSING
     try:
@@ -366,6 +385,8 @@ class ServerOptions(TypedDict, total=False):
     worker_threads: Optional[int]
     error_details: Optional[bool]
     auth_token: Optional[str]
+    grader_token: Optional[str]
+    observer_token: Optional[str]
     snapshot_key: Optional[str]
     web: Optional[bool]
     session_id_prefix: Optional[str]
@@ -382,7 +403,12 @@ class ServerSettings:
     step_timeout_s: Optional[float] = None
     worker_threads: Optional[int] = None
     error_details: Optional[bool] = None
-    auth_token: Optional[str] = None
+    auth_token: Optional[str] = dataclasses.field(default=None, repr=False)
+    """The orchestrator's token (``OPENENV_AUTH_TOKEN``): every call but ``/health`` needs a token."""
+    grader_token: Optional[str] = dataclasses.field(default=None, repr=False)
+    """The grader's token (``OPENENV_GRADER_TOKEN``): read-only inspection (see :mod:`.roles`)."""
+    observer_token: Optional[str] = dataclasses.field(default=None, repr=False)
+    """The observer's token (``OPENENV_OBSERVER_TOKEN``): progress only."""
     session_id_prefix: Optional[str] = None
     """None: session ids are plain uuids."""
     snapshot_key: Optional[str] = dataclasses.field(default=None, repr=False)

@@ -165,7 +165,7 @@ class WSErrorCode(str, Enum):
     binary frame) and ``SERVER_BUSY`` (the server's budget of bytes in flight is spent; the
     connection is closed with 1013, retry later), ``SNAPSHOT_REFUSED`` (a snapshot this server
     will not load) and ``NOT_SUPPORTED`` (the environment cannot do what was asked: save a
-    snapshot, say) are ours; a client that does not know them still sees an error frame.
+    snapshot, say) and ``FORBIDDEN`` (the caller's role may not do this; see :mod:`.roles`) are ours; a client that does not know them still sees an error frame.
     """
 
     INVALID_JSON = "INVALID_JSON"
@@ -181,6 +181,7 @@ class WSErrorCode(str, Enum):
     SERVER_BUSY = "SERVER_BUSY"
     SNAPSHOT_REFUSED = "SNAPSHOT_REFUSED"
     NOT_SUPPORTED = "NOT_SUPPORTED"
+    FORBIDDEN = "FORBIDDEN"
 
 
 class ConcurrencyConfig(BaseMessage):

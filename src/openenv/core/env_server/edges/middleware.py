@@ -17,7 +17,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from starlette.responses import JSONResponse, Response
 
-from .. import error_details
+from .. import error_details, roles
 from .._compat import uvicorn as uvicorn_compat
 from ..exceptions import (
     EXECUTION,
@@ -179,22 +179,25 @@ def known_host(host: str, allowed: frozenset = frozenset()) -> bool:
 
 
 class BearerAuth:
-    """Refuses every request and handshake that lacks ``token``, but a ``GET`` of one of
-    ``open_paths`` (``/health``; the web page's own files where the page is served)."""
+    """Refuses every request and handshake without a token this server takes (:class:`.auth.Credentials`),
+    but a ``GET`` of one of ``open_paths`` (``/health``; the web page's own files where the page is
+    served); leaves the caller's :class:`~..roles.Principal` in the scope for the dispatch."""
 
-    def __init__(self, app: Any, token: bytes, open_paths: frozenset = auth.OPEN_PATHS) -> None:
+    def __init__(self, app: Any, credentials: auth.Credentials, open_paths: frozenset = auth.OPEN_PATHS) -> None:
         self.app = app
-        self.token = token
+        self.credentials = credentials
         self.open_paths = open_paths
 
     async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
-        if (
-            scope["type"] != "lifespan"
-            and not auth.authorized(scope, self.token)
-            and not auth.is_open(scope, route_path(scope), self.open_paths)
-        ):
-            await self._refuse(scope, receive, send)
-            return
+        if scope["type"] != "lifespan":
+            principal = self.credentials.principal(scope)
+            if principal is None:
+                if not auth.is_open(scope, route_path(scope), self.open_paths):
+                    roles.audit.info("refused %s %s: no valid token", scope["type"], route_path(scope))
+                    await self._refuse(scope, receive, send)
+                    return
+                principal = roles.Principal(roles.Role.OBSERVER)  # an open path: nothing but what is open
+            scope[roles.SCOPE_KEY] = principal
         await self.app(scope, receive, send)
 
     async def _refuse(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:

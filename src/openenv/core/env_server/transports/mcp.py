@@ -37,6 +37,7 @@ from ..mcp_types import (
     ToolErrorType,
     request_id_of,
 )
+from ..roles import OPEN, Principal, Role, principal_of
 from ..serialization import dumps_json, parse_json, to_jsonable
 from ..sessions import Session
 from ..snapshots import snapshot_bytes, snapshot_text
@@ -116,26 +117,29 @@ class MCPProtocol:
         session_id: Optional[str] = None,
         mcp_dialect: bool = False,
         seq: Any = None,
+        principal: Principal = OPEN,
     ) -> Optional[JsonRpcResponse]:
         """The response to ``request`` (None for notifications). ``own``: the session of the
         connection it came through; ``session_id``: the session an MCP client's
         ``Mcp-Session-Id`` names (else ``params.session_id`` may name one); ``seq``: the call's
         number, where the connection numbers its calls (a tools call is then answered once)."""
         try:
-            result = await self._method(request, own, session_id, mcp_dialect, seq)
+            result = await self._method(request, own, session_id, mcp_dialect, seq, principal)
         except Exception as exc:
             return rpc_error(exc, request.id, f"MCP request {request.method} failed")
         if result is _NO_RESPONSE:
             return None
         return JsonRpcResponse.success(result, request.id)
 
-    async def answer(self, message: Any, session: Session, seq: Any = None) -> Optional[JsonRpcResponse]:
+    async def answer(
+        self, message: Any, session: Session, seq: Any = None, principal: Principal = OPEN
+    ) -> Optional[JsonRpcResponse]:
         """The response to one JSON-RPC message (a frame's text, or the ``data`` of a ``/ws``
         frame) that came through the socket owning ``session``; None for a notification."""
         request = parse_request(message)
         if isinstance(request, JsonRpcResponse):
             return request
-        return await self.respond(request, own=session, seq=seq)
+        return await self.respond(request, own=session, seq=seq, principal=principal)
 
     # --- POST /mcp --------------------------------------------------------------------------
 
@@ -155,15 +159,22 @@ class MCPProtocol:
             )
         headers: Dict[str, str] = {}
         create_key = request.headers.get(resume.CREATE_KEY_HEADER)
+        principal = principal_of(request.scope)
         try:
-            if create_key and rpc.method == "openenv/session/create" and not header_session:
+            if principal.role is Role.AGENT and not header_session:
+                # an agent's MCP session is the one its credential was minted for
+                header_session = principal.session_id
+                if rpc.method == "initialize":
+                    headers["mcp-session-id"] = header_session  # type: ignore[assignment]
+            elif create_key and rpc.method == "openenv/session/create" and not header_session:
                 # sent again after its answer was lost: the same session, not a second one
-                session = await self.dispatcher.run(Call(Op.CREATE, create_key))
+                session = await self.dispatcher.run(Call(Op.CREATE, create_key, principal=principal))
                 return _rpc_reply(JsonRpcResponse.success({"session_id": session.id}, rpc.id))
-            if header_session:
-                self.dispatcher.session_named(header_session)  # an unknown one is answered 404 here
-            elif rpc.method == "initialize":
-                header_session = (await self.dispatcher.run(Call(Op.CREATE))).id
+            elif header_session:
+                if principal.role not in (Role.AGENT, Role.GRADER):  # (theirs: decided in the dispatch)
+                    self.dispatcher.session_named(header_session)  # an unknown one is answered 404 here
+            elif rpc.method == "initialize" and principal.role is Role.ORCHESTRATOR:
+                header_session = (await self.dispatcher.run(Call(Op.CREATE, principal=principal))).id
                 headers["mcp-session-id"] = header_session
         except SessionNotFoundError:
             # (a socket's own session is not found by id either: the same answer, see SessionManager.get)
@@ -177,7 +188,7 @@ class MCPProtocol:
         except Exception as exc:  # capacity, a failing factory, shutdown, ...: a JSON-RPC error
             return _rpc_reply(rpc_error(exc, rpc.id, "could not open an MCP session"))
         mcp_dialect = protocol is not None or header_session is not None
-        response = await self.respond(rpc, session_id=header_session, mcp_dialect=mcp_dialect)
+        response = await self.respond(rpc, session_id=header_session, mcp_dialect=mcp_dialect, principal=principal)
         if response is None:
             return Response(status_code=202)
         return _rpc_reply(response, headers=headers)
@@ -192,7 +203,7 @@ class MCPProtocol:
         if not session_id:
             return Response(status_code=400)
         try:
-            await self.dispatcher.run(Call(Op.CLOSE, session_id))
+            await self.dispatcher.run(Call(Op.CLOSE, session_id, principal=principal_of(request.scope)))
         except OpenEnvError as exc:
             return Response(status_code=kind_of(exc).http_status)
         return Response(status_code=204)
@@ -200,11 +211,23 @@ class MCPProtocol:
     # --- methods ----------------------------------------------------------------------------
 
     async def _method(
-        self, request: JsonRpcRequest, own: Optional[Session], session_id: Optional[str], mcp_dialect: bool, seq: Any
+        self,
+        request: JsonRpcRequest,
+        own: Optional[Session],
+        session_id: Optional[str],
+        mcp_dialect: bool,
+        seq: Any,
+        principal: Principal,
     ) -> Any:
         method, params = request.method, request.params
         if method == "tools/call":
-            call = Call(Op.CALL_TOOL, _tool_call(params), session_id or params.get("session_id") or None, seq)
+            call = Call(
+                Op.CALL_TOOL,
+                _tool_call(params),
+                session_id or params.get("session_id") or None,
+                seq,
+                principal=principal,
+            )
             try:
                 result = await self.dispatcher.run(call, own)
             except ToolCallFailed as failure:
@@ -217,23 +240,26 @@ class MCPProtocol:
                 return _as_mcp_result(result.value)
             return result.value
         if method == "tools/list":
-            call = Call(Op.LIST_TOOLS, None, session_id or params.get("session_id") or None, seq)
+            call = Call(Op.LIST_TOOLS, None, session_id or params.get("session_id") or None, seq, principal=principal)
             return {"tools": await self.dispatcher.run(call, own)}
         if method == "openenv/session/snapshot":
-            call = Call(Op.SNAPSHOT, None, session_id or params.get("session_id") or None, seq)
+            call = Call(Op.SNAPSHOT, None, session_id or params.get("session_id") or None, seq, principal=principal)
             blob = await self.dispatcher.run(call, own)
             return {"snapshot": snapshot_text(blob), "bytes": len(blob)}
         if method == "openenv/session/restore":
             blob = snapshot_bytes(params.get("snapshot"))
-            call = Call(Op.RESTORE, blob, session_id or params.get("session_id") or None, seq)
+            call = Call(Op.RESTORE, blob, session_id or params.get("session_id") or None, seq, principal=principal)
             return {"state": to_jsonable(await self.dispatcher.run(call, own))}
+        if method == "openenv/session/agent_token":
+            call = Call(Op.MINT_AGENT, None, session_id or params.get("session_id") or None, seq, principal=principal)
+            return await self.dispatcher.run(call, own)
         if method == "openenv/session/create":
-            return {"session_id": (await self.dispatcher.run(Call(Op.CREATE), own)).id}
+            return {"session_id": (await self.dispatcher.run(Call(Op.CREATE, principal=principal), own)).id}
         if method == "openenv/session/close":
             target = params.get("session_id")
             if not target:
                 raise _RpcError(JsonRpcErrorCode.INVALID_PARAMS, "Invalid params - 'session_id' is required")
-            return await self.dispatcher.run(Call(Op.CLOSE, str(target)), own)
+            return await self.dispatcher.run(Call(Op.CLOSE, str(target), principal=principal), own)
         if method == "initialize":
             requested = params.get("protocolVersion")
             version = requested if requested in SUPPORTED_PROTOCOL_VERSIONS else LATEST_PROTOCOL_VERSION

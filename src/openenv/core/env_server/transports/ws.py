@@ -39,6 +39,7 @@ from ..dispatch import Call, Dispatcher, Op
 from ..edges.middleware import refuse_handshake, route_path
 from ..exceptions import MessageTooLargeError, OpenEnvError, kind_of
 from ..mcp_types import JsonRpcErrorCode, JsonRpcResponse, WSMCPMessage
+from ..roles import ForbiddenError, Role, audit_line, principal_of
 from ..serialization import (
     WS_ENVELOPE_KEYS,
     deserialize_action,
@@ -219,6 +220,8 @@ class WSConnection:
         self.stopping = False  # the connection ended because the server stops (or its client goes away)
         self.superseded = False  # a resume gave its session to another connection
         self.accepted = False
+        self.principal = principal_of(scope)
+        """Who opened the connection (see :mod:`..roles`): every frame's call is theirs."""
 
     def _move(self, new: ConnectionState) -> None:
         if new not in _CONNECTION_MOVES[self.state]:
@@ -355,6 +358,11 @@ class WSConnection:
 
     async def _open_session(self) -> Optional[Session]:
         """Accept the handshake and open (or attach to, or resume) the connection's session."""
+        if self.principal.role is not Role.ORCHESTRATOR:  # a socket opens a session: the orchestrator's to do
+            refused = ForbiddenError(self.principal, "session/create")
+            audit_line(self.principal, "session/create", None, "refused: a WebSocket session")
+            await refuse_handshake(None, self.send, self.scope, 403, {"detail": refused.text, "code": "FORBIDDEN"})
+            return None
         query = urllib.parse.parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
         session_id = query.get("session_id", [None])[-1]
         opt_in, target = resume.handshake_asks(self.scope.get("headers") or ())
@@ -532,7 +540,9 @@ class SessionFrames(WSProtocol):
                 if message.keys() != WS_ENVELOPE_KEYS or not isinstance(data, dict):
                     return _envelope_error(WSStepMessage, message)
                 action = deserialize_action(data, self.action_cls)
-                observation = await self.dispatcher.run(Call(Op.STEP, (action, None), None, seq), session)
+                observation = await self.dispatcher.run(
+                    Call(Op.STEP, (action, None), None, seq, connection.principal), session
+                )
                 return observation_message_json(observation)
             if kind == "reset":
                 data = message.get("data", {})
@@ -540,27 +550,32 @@ class SessionFrames(WSProtocol):
                     return _envelope_error(WSResetMessage, message)
                 if any(key in data for key in _RESET_CHECKED):
                     ResetRequest.model_validate(data)  # same bounds on seed / episode_id as HTTP /reset
-                observation = await self.dispatcher.run(Call(Op.RESET, data, None, seq), session)
+                observation = await self.dispatcher.run(Call(Op.RESET, data, None, seq, connection.principal), session)
                 return observation_message_json(observation)
             if kind == "state" or kind == "close":
                 if message.keys() != _BARE_KEYS:
                     return _envelope_error(WSStateMessage, message)
                 if kind == "close":
                     return CLOSE
-                state = await self.dispatcher.run(Call(Op.STATE, None, None, seq), session)
+                state = await self.dispatcher.run(Call(Op.STATE, None, None, seq, connection.principal), session)
                 return '{"type":"state","data":' + dumps_json(_state_data(state)) + "}"
             if kind == "mcp":
                 if not message.keys() <= WS_ENVELOPE_KEYS or not isinstance(message.get("data"), dict):
                     return _envelope_error(WSMCPMessage, message)
-                response = await self.mcp.answer(message["data"], session, seq)  # type: ignore[arg-type]
+                response = await self.mcp.answer(message["data"], session, seq, connection.principal)  # type: ignore[arg-type]
                 session.touch()  # type: ignore[union-attr]
                 # Every frame gets a reply (the client waits for one): a notification's is an empty result.
                 return '{"type":"mcp","data":' + dumps_json((response or _EMPTY_RESULT).model_dump()) + "}"
             if kind == "snapshot":
                 if message.keys() != _BARE_KEYS:
                     return _envelope_error(WSStateMessage, message)
-                blob = await self.dispatcher.run(Call(Op.SNAPSHOT, None, None, seq), session)
+                blob = await self.dispatcher.run(Call(Op.SNAPSHOT, None, None, seq, connection.principal), session)
                 return dumps_json({"type": "snapshot", "data": {"snapshot": snapshot_text(blob), "bytes": len(blob)}})
+            if kind == "agent_token":
+                if message.keys() != _BARE_KEYS:
+                    return _envelope_error(WSStateMessage, message)
+                minted = await self.dispatcher.run(Call(Op.MINT_AGENT, None, None, seq, connection.principal), session)
+                return dumps_json({"type": "agent_token", "data": minted})
             if kind == "restore":
                 data = message.get("data")
                 if message.keys() != WS_ENVELOPE_KEYS or not isinstance(data, dict) or data.keys() != {"snapshot"}:
@@ -569,7 +584,7 @@ class SessionFrames(WSProtocol):
                         'A restore frame is {"type": "restore", "data": {"snapshot": "<base64>"}}',
                     )
                 blob = snapshot_bytes(data["snapshot"])
-                state = await self.dispatcher.run(Call(Op.RESTORE, blob, None, seq), session)
+                state = await self.dispatcher.run(Call(Op.RESTORE, blob, None, seq, connection.principal), session)
                 return '{"type":"restore","data":{"state":' + dumps_json(_state_data(state)) + "}}"
         except Exception as exc:
             return error_frame_of(exc, "environment call failed")
@@ -612,5 +627,5 @@ class MCPFrames(WSProtocol):
             if isinstance(message, dict) and resume.SEQ_KEY in message:
                 seq = message.pop(resume.SEQ_KEY)
             text = message
-        response = await self.mcp.answer(text, session, seq)
+        response = await self.mcp.answer(text, session, seq, connection.principal)
         return None if response is None else dumps_json(response.model_dump())

@@ -59,6 +59,7 @@ from .. import error_details
 from ..dispatch import Call, Op
 from ..edges.middleware import http_error
 from ..exceptions import EnvironmentResultError, InvalidJsonError, SessionNotFoundError
+from ..roles import Principal, principal_of
 from ..serialization import deserialize_action, parse_json, serialize_observation, to_json_bytes, to_jsonable
 from ..sessions import Session
 from ..transports.mcp import rpc_error
@@ -230,20 +231,22 @@ class Playground:
             return _json({"detail": detail, "code": "VALIDATION_ERROR"}, status=415)
         dispatcher = self.dispatcher
         try:
-            session: Session = await dispatcher.run(Call(Op.CREATE))
+            session: Session = await dispatcher.run(Call(Op.CREATE, principal=principal_of(request.scope)))
         except Exception as exc:
             return http_error(exc)
         reply: Dict[str, Any] = {"session_id": session.id, "idle_timeout_s": self.manager.session_timeout_s}
         if dispatcher.takes_tools(session):
             try:
-                reply["tools"] = to_jsonable(await dispatcher.run(Call(Op.LIST_TOOLS, None, session.id)))
+                call = Call(Op.LIST_TOOLS, None, session.id, principal=principal_of(request.scope))
+                reply["tools"] = to_jsonable(await dispatcher.run(call))
             except Exception as exc:  # worded as the JSON-RPC error of tools/list would be
                 reply["tools_error"] = rpc_error(exc, None, "MCP request tools/list failed").error.message
         return _json(reply)
 
     async def close_session(self, request: Request) -> Response:
         try:
-            return _json(await self.dispatcher.run(Call(Op.CLOSE, self._session_id(request))))
+            call = Call(Op.CLOSE, self._session_id(request), principal=principal_of(request.scope))
+            return _json(await self.dispatcher.run(call))
         except Exception as exc:
             return http_error(exc)
 
@@ -252,8 +255,9 @@ class Playground:
             session_id = self._session_id(request)
             kwargs = await _body(request)
             ResetRequest.model_validate(kwargs)  # the bounds of HTTP /reset on seed and episode_id
-            observation = await self.dispatcher.run(Call(Op.RESET, kwargs, session_id))
-            return _json(await self._view(session_id, observation))
+            principal = principal_of(request.scope)
+            observation = await self.dispatcher.run(Call(Op.RESET, kwargs, session_id, principal=principal))
+            return _json(await self._view(session_id, observation, principal))
         except Exception as exc:
             return http_error(exc)
 
@@ -262,18 +266,20 @@ class Playground:
             session_id = self._session_id(request)
             body = StepRequest.model_validate(await _body(request))  # as HTTP /step: {"action": {...}}
             action = deserialize_action(body.action, self.dispatcher.action_cls)
-            observation = await self.dispatcher.run(Call(Op.STEP, (action, None), session_id))
-            return _json(await self._view(session_id, observation))
+            principal = principal_of(request.scope)
+            observation = await self.dispatcher.run(Call(Op.STEP, (action, None), session_id, principal=principal))
+            return _json(await self._view(session_id, observation, principal))
         except Exception as exc:
             return http_error(exc)
 
     async def state(self, request: Request) -> Response:
         try:
-            return _json(to_jsonable(await self.dispatcher.run(Call(Op.STATE, None, self._session_id(request)))))
+            call = Call(Op.STATE, None, self._session_id(request), principal=principal_of(request.scope))
+            return _json(to_jsonable(await self.dispatcher.run(call)))
         except Exception as exc:
             return http_error(exc)
 
-    async def _view(self, session_id: str, observation: Any) -> Dict[str, Any]:
+    async def _view(self, session_id: str, observation: Any, principal: Principal) -> Dict[str, Any]:
         """The observation's payload, the environment's web hooks on it, and the state."""
         payload = to_jsonable(serialize_observation(observation))
         seen = {**payload["observation"], "reward": payload["reward"], "done": payload["done"]}
@@ -287,7 +293,7 @@ class Playground:
                 actions = _guarded(lambda: env.web_actions(seen))
             return html, actions, env.state
 
-        html, actions, state = await self.dispatcher.run(Call(Op.VIEW, extras, session_id))
+        html, actions, state = await self.dispatcher.run(Call(Op.VIEW, extras, session_id, principal=principal))
         payload["state"] = to_jsonable(state)
         payload["html"] = _checked(html, "render_web", _html)
         payload["actions"] = _checked(actions, "web_actions", _actions)
