@@ -330,3 +330,49 @@ def test_forks_spread_over_the_processes_and_continue_exactly() -> None:
                     assert [(r.observation, r.reward) for r in [await fork.step(m) for m in moves]] == expected
 
         asyncio.run(main())
+
+
+def test_an_agent_credential_reaches_its_session_through_the_front() -> None:
+    """Roles behind one URL: the orchestrator's session lives on one of the processes; the agent's
+    calls (its credential, no session named) are routed to that process by the credential, which
+    that process checks; what the agent may not do is refused there."""
+    from openenv.core.generic_client import GenericEnvClient
+
+    token = "front-orchestrator-token-0123456789"
+    with SandboxPool(ECHO, workers=2, env_vars={"OPENENV_AUTH_TOKEN": token}) as pool:
+
+        async def main() -> None:
+            boss = {"Authorization": f"Bearer {token}"}
+            async with (
+                GenericEnvClient(base_url=pool.base_url, headers=boss) as first,
+                GenericEnvClient(base_url=pool.base_url, headers=boss) as second,
+            ):
+                await first.reset()
+                await second.reset()  # (one session on each process)
+                credential = await second.agent_token()
+                agent = {"Authorization": f"Bearer {credential['token']}"}
+                async with httpx.AsyncClient(base_url=pool.base_url, headers=agent, timeout=30) as http:
+                    body = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
+                    init = await http.post("/mcp", json=body)
+                    assert init.headers["mcp-session-id"] == credential["session_id"]
+                    body = {
+                        "jsonrpc": "2.0",
+                        "id": 2,
+                        "method": "tools/call",
+                        "params": {"name": "echo_message", "arguments": {"message": "hi"}},
+                    }
+                    assert (await http.post("/mcp", json=body)).json()["result"]["data"] == "hi"
+                    refused = await http.post("/reset", json={"session_id": credential["session_id"]})
+                    assert refused.status_code == 403 and refused.json()["code"] == "FORBIDDEN"
+
+        asyncio.run(main())
+
+
+def test_the_front_reads_the_session_an_agent_credential_names() -> None:
+    from openenv.core.containers.runtime.front import _agent_session
+
+    assert _agent_session("Bearer oe-agent.w1-1b2c.1800000000.ab12.mac") == "w1-1b2c"
+    assert _agent_session("bearer oe-agent.w0-a.b.c.1800000000.ab12.mac") == "w0-a.b.c"
+    assert _agent_session("Bearer some-orchestrator-token") is None
+    assert _agent_session("Bearer oe-agent.too.short") is None
+    assert _agent_session(None) is None

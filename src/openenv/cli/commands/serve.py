@@ -18,6 +18,7 @@ import typer
 
 from openenv.cli._common import CLIError, err, load_package, styled
 from openenv.core.checks.dependencies import missing_module_help
+from openenv.core.env_server.settings import read as read_setting
 from openenv.core.manifest import EnvManifest
 from openenv.core.utils import is_local_host
 
@@ -96,6 +97,15 @@ def register(app: typer.Typer) -> None:
         raise typer.Exit(server.run())
 
 
+_TOKEN_VARIABLES = (
+    "OPENENV_AUTH_TOKEN",
+    "OPENENV_GRADER_TOKEN",
+    "OPENENV_OBSERVER_TOKEN",
+)
+"""The roles' tokens (docs/roles.md) this shell gives the server: a token file
+(``OPENENV_AUTH_TOKEN_FILE``...) is read here, as the sandboxed server cannot read this machine's files."""
+
+
 def _server_env(host: str, pairs: List[str], max_sessions: Optional[int], web: bool = False) -> Dict[str, str]:
     """The server's environment variables: ``--env`` pairs and what the options imply."""
     env_vars = _parse_env(pairs)
@@ -107,9 +117,10 @@ def _server_env(host: str, pairs: List[str], max_sessions: Optional[int], web: b
         # Every client reaches the server through this command's forwarder, on a Unix socket,
         # so the server would take them all for local ones and send them exception texts.
         env_vars.setdefault("OPENENV_ERROR_DETAILS", "0")
-    token = os.environ.get("OPENENV_AUTH_TOKEN")
-    if token:  # handed on in the environment, never on a command line
-        env_vars.setdefault("OPENENV_AUTH_TOKEN", token)
+    for name in _TOKEN_VARIABLES:  # handed on in the environment, never on a command line
+        token = read_setting(os.environ, name[len("OPENENV_") :].lower())  # (or from its *_FILE)
+        if isinstance(token, str) and token:
+            env_vars.setdefault(name, token)
     # One snapshot key for the workers of --workers and for every reload of this command's server:
     # the shell's, or one drawn now (a snapshot is then restorable until this command stops).
     env_vars.setdefault("OPENENV_SNAPSHOT_KEY", os.environ.get("OPENENV_SNAPSHOT_KEY") or secrets.token_hex(32))

@@ -69,6 +69,7 @@ import h11
 
 from ...env_server.edges import auth
 from ...env_server.limits import BUDGET_EXEMPT_BYTES, InFlightBudget
+from ...env_server.roles import AGENT_PREFIX
 from ...env_server.serving.access_log import POLL_TARGET
 from ...env_server.settings import ServerLimits
 from ...utils import is_loopback_ip, within
@@ -364,6 +365,19 @@ class _Reply:
     """The worker said it closes its connection after it (``Connection: close``)."""
 
 
+def _agent_session(authorization: Optional[str]) -> Optional[str]:
+    """The session an agent credential (``Bearer oe-agent.<session>.<expiry>.<nonce>.<mac>``, see
+    ``roles``) was minted for: its requests go to the worker holding it, which checks the rest."""
+    if not authorization:
+        return None
+    scheme, _, credential = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not credential.strip().startswith(AGENT_PREFIX):
+        return None
+    body = credential.strip()[len(AGENT_PREFIX) :]
+    session = body.rsplit(".", 3)[0] if body.count(".") >= 3 else ""
+    return session or None
+
+
 class Front(TCPRelay):
     """Listen on ``host:port`` and spread connections over ``workers`` (see the module docstring).
 
@@ -513,7 +527,7 @@ class Front(TCPRelay):
         named = request.query.get("session_id") or [
             request.header(b"mcp-session-id") or request.header(b"x-openenv-session") or ""
         ]
-        return named[-1] or None
+        return named[-1] or _agent_session(request.header(b"authorization"))
 
     def _session_named(self, request: _Request) -> Optional[str]:
         named = self._session_in_head(request)
