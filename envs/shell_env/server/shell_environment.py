@@ -60,16 +60,8 @@ class ShellEnvironment(MCPEnvironment):
 
     SUPPORTS_CONCURRENT_SESSIONS = True
     SUPPORTS_SNAPSHOT = True
+    # (MCPEnvironment leaves its own machinery out already: exclusions add up along the classes)
     SNAPSHOT_EXCLUDE = (
-        *MCPEnvironment.SNAPSHOT_EXCLUDE,
-        # the FastMCP server, its tools and the MCP client connection (rebuilt by the constructor)
-        "mcp_server",
-        "_mode_tools",
-        "_has_mode_tools",
-        "_direct",
-        "_mcp_client",
-        "_connection",
-        "_abandoned_tool_call",
         # the server's: its task list and the tools' names; the work directory is saved apart
         "_tasks",
         "_tool_names",
