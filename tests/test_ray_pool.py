@@ -240,3 +240,61 @@ def test_losing_a_node_mid_rollout_fails_its_episodes_and_the_pool_recovers(clus
     assert replicas[lost.index].restarts == 1 and replicas[lost.index].node_id not in (lost.node_id, head)
     again = pool.rollout(policy, episodes=8, concurrency=4, max_steps=2)
     assert again.summary.errors == 0
+
+
+CATALOGUE = Path(__file__).resolve().parents[1] / "envs"
+
+
+def _catalogue_cases():
+    from .test_catalogue_snapshots import CASES
+
+    return sorted(name for name in CASES if ":" not in name)
+
+
+@pytest.mark.parametrize("name", _catalogue_cases())
+async def test_every_catalogue_environment_restores_on_another_replica(cluster, name):
+    """A snapshot made on one node's replica of the environment (its package served in the
+    sandbox, as `openenv serve` serves it) continues exactly on the other node's replica."""
+    from openenv.core.generic_client import GenericEnvClient
+
+    from .test_catalogue_snapshots import CASES, _final_state, _play, _skip, _trace
+
+    case = CASES[name]
+    _skip(case)
+    if name == "repl_env":  # served in the sandbox, its REPL runs through the broker: refused, saying why
+        pytest.skip("repl_env refuses snapshots where its REPL runs through the sandbox broker (checked below)")
+    with RayEnvPool(
+        str(CATALOGUE / name), replicas=2, placement="STRICT_SPREAD", resources_per_replica=HALF_A_CPU
+    ) as pool:
+        first, second = pool.replicas
+        assert first.node_id != second.node_id
+        here = GenericEnvClient(base_url=first.base_url, headers=pool.headers, message_timeout_s=120)
+        there = GenericEnvClient(base_url=second.base_url, headers=pool.headers, message_timeout_s=120)
+        try:
+            await here.reset(**case.reset)
+            await _play(here, case.prefix)
+            snapshot = await here.snapshot()
+            expected = _trace(await _play(here, case.following), case)
+            final = await _final_state(case, here)
+            await there.restore(snapshot)
+            assert _trace(await _play(there, case.following), case) == expected
+            assert await _final_state(case, there) == final
+        finally:
+            await here.close()
+            await there.close()
+
+
+async def test_repl_env_served_in_the_sandbox_refuses_snapshots_and_says_why(cluster):
+    from openenv.core.client_errors import NotSupportedError
+    from openenv.core.generic_client import GenericEnvClient
+
+    with RayEnvPool(str(CATALOGUE / "repl_env"), replicas=1, resources_per_replica=HALF_A_CPU) as pool:
+        env = GenericEnvClient(base_url=pool.replicas[0].base_url, headers=pool.headers)
+        try:
+            await env.reset(task_id="sum_numbers")
+            await env.step({"code": "x = 1"})
+            with pytest.raises(NotSupportedError, match="runs through the sandbox broker"):
+                await env.snapshot()
+            assert (await env.step({"code": "print(x + 1)"})).observation["result"]["stdout"].strip() == "2"
+        finally:
+            await env.close()

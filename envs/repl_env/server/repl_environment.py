@@ -398,6 +398,12 @@ class REPLEnvironment(Environment[REPLAction, REPLObservation, REPLState]):
 
     def snapshot_state(self) -> Dict[str, Any]:
         busy = self._repl.background()
+        if busy is not None and "cannot be seen" in busy:
+            raise SnapshotUnsupportedError(
+                f"This REPL session cannot be snapshotted here: {busy}, so work its code left running "
+                "cannot be ruled out, and a snapshot replays the session's code. Snapshots of repl_env "
+                "work where its REPL runs in the server's own sandboxes (a server run without the broker)"
+            )
         if busy is not None:
             raise SnapshotUnsupportedError(
                 f"This REPL session cannot be snapshotted now: {busy}. A snapshot replays the session's "
