@@ -223,3 +223,18 @@ def test_the_agents_code_reaches_neither_host_files_network_nor_the_server_proce
         }
     finally:
         listener.close()
+
+
+class GradedCodeEnv(CodeEnv):
+    GRADER_TOOLS = ("count",)  # the grader's: the agent's code must not reach it (docs/roles.md)
+
+
+def test_the_agents_code_never_reaches_the_graders_tools():
+    environment = GradedCodeEnv()
+    try:
+        assert "count" in environment.get_callables()  # (the environment has it)
+        reached = environment.execute_code("result = count()")
+        assert "count" in str(reached.metadata.get("error")) and environment.calls == 0
+        assert environment.execute_code("result = add(1, 2)").metadata == {"result": 3}
+    finally:
+        environment.close()

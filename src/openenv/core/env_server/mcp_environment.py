@@ -488,15 +488,18 @@ class MCPEnvironment(Environment):
         ``metadata={"result": <the code's result variable>}``, or ``{"error": <text>}`` when it
         raised (a syntax error, a failing tool, an unknown name) or ran past ``timeout_s``
         (default 30 s). The tools run here, in the environment; the code runs in the sandbox of
-        :mod:`openenv.core.tools` and reaches nothing else. Blocks: call it from a sync ``step``.
+        :mod:`openenv.core.tools` and reaches nothing else. The environment's ``GRADER_TOOLS`` are
+        not among them (see docs/roles.md). Blocks: call it from a sync ``step``.
         """
         from ..tools.code_mode import CODE_MODE_TIMEOUT_S, run_with_tools, schema_arguments_only
 
         described = {t.name: t for t in get_server_tools(self.mcp_server)}
         described.update((name, tool) for name, (tool, _) in self._visible_mode_tools().items())
+        grader_only = frozenset(self.GRADER_TOOLS)  # the agent's code never reaches the grader's tools
         tools = {
             name: schema_arguments_only(fn, getattr(described.get(name), "parameters", None))
             for name, fn in self.get_callables().items()
+            if name not in grader_only
         }
         outcome = run_with_tools(code, tools, timeout_s=timeout_s or CODE_MODE_TIMEOUT_S)
         if outcome.error is not None:
