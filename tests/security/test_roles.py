@@ -69,6 +69,13 @@ class QuizEnv(MCPEnvironment):
     def state(self) -> State:
         return self._state
 
+    def grade(self) -> dict:
+        """The oracle: run on a copy of the session, so what it does there (it guesses the
+        answer itself, say) never reaches the episode."""
+        verdict = {"correct": bool(self.guesses) and self.guesses[-1] == ANSWER, "guesses": len(self.guesses)}
+        self.guesses.append(ANSWER)
+        return verdict
+
 
 def quiz_app() -> Any:
     return create_app(
@@ -98,6 +105,7 @@ OPERATIONS = [
     "tools/list",
     "call agent tool",
     "call grader tool",
+    "grade",
 ]
 Y, N = True, False
 EXPECTED: Dict[str, Tuple[bool, ...]] = {
@@ -112,6 +120,7 @@ EXPECTED: Dict[str, Tuple[bool, ...]] = {
     "tools/list": (Y, Y, N, Y, N, N, N, N),
     "call agent tool": (Y, N, N, Y, N, N, N, N),
     "call grader tool": (Y, Y, N, N, N, N, N, N),
+    "grade": (Y, Y, N, N, N, N, N, N),
 }
 """Who may do what on session A (an agent credential of A, one of B, one of a closed session C)."""
 
@@ -159,6 +168,8 @@ class Matrix:
                 r = self.http.post("/openenv/snapshot", json={"session_id": s}, headers=h)
             elif op == "mint":
                 r = self.http.post("/openenv/agent_token", json={"session_id": s}, headers=h)
+            elif op == "grade":
+                r = self.http.post("/openenv/grade", json={"session_id": s}, headers=h)
             elif op == "metadata":
                 r = self.http.get("/metadata", headers=h)
             elif op == "create":
@@ -329,3 +340,21 @@ def test_tokens_come_from_files_and_a_role_token_needs_the_orchestrators(tmp_pat
     with pytest.raises(ValueError, match="must differ"):
         credentials(ORCHESTRATOR, ORCHESTRATOR, None)
     assert GRADER not in repr(credentials(ORCHESTRATOR, GRADER, OBSERVER))
+
+
+def test_the_grader_runs_the_check_on_a_copy_of_the_session() -> None:
+    with serve(quiz_app()) as server, httpx.Client(base_url=server.base_url, timeout=30) as http:
+        boss = {"Authorization": f"Bearer {ORCHESTRATOR}"}
+        grader = {"Authorization": f"Bearer {GRADER}"}
+        body = {"jsonrpc": "2.0", "id": 1, "method": "openenv/session/create", "params": {}}
+        session = http.post("/mcp", json=body, headers=boss).json()["result"]["session_id"]
+        call = {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tools/call",
+            "params": {"session_id": session, "name": "guess", "arguments": {"value": "7"}},
+        }
+        http.post("/mcp", json=call, headers=boss)
+        first = http.post("/openenv/grade", json={"session_id": session}, headers=grader).json()["grade"]
+        again = http.post("/openenv/grade", json={"session_id": session}, headers=grader).json()["grade"]
+        assert first == again == {"correct": False, "guesses": 1}  # the check's own guess stayed in its copy

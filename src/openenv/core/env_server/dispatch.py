@@ -32,6 +32,7 @@ from typing import Any, Awaitable, Callable, Dict, Optional, Tuple, Type
 import pydantic
 
 from .exceptions import (
+    NOT_SUPPORTED,
     SESSION_CONFLICT,
     EnvironmentCallError,
     NoMCPError,
@@ -56,7 +57,7 @@ from .types import Action, EnvironmentMetadata, Observation, SchemaResponse, Sta
 
 MCP_ACTION_CLASSES = (CallToolAction, ListToolsAction)
 
-_PRIVILEGED = frozenset({"session/create", "session/close", "snapshot", "restore", "agent/mint"})
+_PRIVILEGED = frozenset({"session/create", "session/close", "snapshot", "restore", "agent/mint", "grade"})
 """Operations an orchestrator makes that leave an audit line (on a server with roles)."""
 
 
@@ -80,10 +81,22 @@ class Op:
     SNAPSHOT = "snapshot"  # answers the session's sealed snapshot (bytes)
     RESTORE = "restore"  # payload: a sealed snapshot (bytes); answers the restored state
     MINT_AGENT = "agent/mint"  # answers a credential for the session's agent (see .roles)
+    GRADE = "grade"  # answers the environment's grade() of a copy of the session
 
 
 _ON_ENVIRONMENT = frozenset(
-    {Op.RESET, Op.STEP, Op.STATE, Op.LIST_TOOLS, Op.CALL_TOOL, Op.VIEW, Op.SNAPSHOT, Op.RESTORE, Op.MINT_AGENT}
+    {
+        Op.RESET,
+        Op.STEP,
+        Op.STATE,
+        Op.LIST_TOOLS,
+        Op.CALL_TOOL,
+        Op.VIEW,
+        Op.SNAPSHOT,
+        Op.RESTORE,
+        Op.MINT_AGENT,
+        Op.GRADE,
+    }
 )
 """Operations that run on a session's environment (a throw-away one when the call names none)."""
 
@@ -150,6 +163,7 @@ class Dispatcher:
             Op.SNAPSHOT: self._snapshot,
             Op.RESTORE: self._restore,
             Op.MINT_AGENT: self._mint_agent,
+            Op.GRADE: self._grade,
         }
 
     # --- the one entry -------------------------------------------------------------------------
@@ -233,6 +247,22 @@ class Dispatcher:
                 raise ToolCallFailed(
                     ToolError(error_type=ToolErrorType.TOOL_NOT_FOUND, message=f"Tool '{name}' not found")
                 )
+
+    async def _grade(self, session: Session, _: Any) -> Any:
+        """The environment's ``grade()`` run on a copy of ``session`` (sealed, then restored into
+        a throw-away instance): the session itself is never touched by the check."""
+        seal = self.snapshots
+        blob = await self.manager.call(session, "grade (snapshot)", seal.seal)
+        async with self.manager.temporary() as copy:
+            await self.manager.call(copy, "grade (restore)", lambda env: seal.restore(env, blob))
+
+            def grade(env: Any) -> Any:
+                try:
+                    return to_jsonable(env.grade())
+                except NotImplementedError:
+                    raise NoGraderError(type(env).__name__) from None
+
+            return await self.manager.call(copy, "grade", grade)
 
     def _mint_agent(self, session: Session, _: Any) -> Awaitable[Dict[str, Any]]:
         credential = self.agents.mint(session.id, session.agent_nonce)
@@ -387,6 +417,15 @@ class Dispatcher:
         if not self.takes_mcp_actions:
             raise NoMCPError("Environment does not support MCP")
         return await self.manager.step(session, action)
+
+
+class NoGraderError(OpenEnvError):
+    """``grade`` of an environment that defines no ``grade()``."""
+
+    kind = NOT_SUPPORTED
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"{name} defines no grade(): it has no check for a grader to run")
 
 
 class CloseOwnSessionError(OpenEnvError):

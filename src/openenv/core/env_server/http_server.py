@@ -383,6 +383,12 @@ class HTTPEnvServer(UpstreamServerNames):
             # (an extension: the session named by `session_id`, sealed; see docs/snapshots.md)
             return await server._serve(Call(Op.SNAPSHOT, None, request.session_id), http_request, _snapshot_response)
 
+        @app.post("/openenv/grade", tags=["State Management"], summary="Grade a copy of a session")
+        async def grade(http_request: Request, request: SnapshotRequest) -> Any:
+            # (an extension: the environment's grade() run on a copy of the named session; docs/roles.md)
+            call = Call(Op.GRADE, None, request.session_id)
+            return await server._serve(call, http_request, lambda result: _json_response({"grade": result}))
+
         @app.post("/openenv/agent_token", tags=["State Management"], summary="Mint an agent credential")
         async def agent_token(http_request: Request, request: SnapshotRequest) -> Any:
             # (an extension: a credential for the agent of the named session; see docs/roles.md)

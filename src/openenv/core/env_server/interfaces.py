@@ -242,6 +242,13 @@ class Environment(ABC, Generic[ActT, ObsT, StateT]):
     def close(self) -> None:
         """Release resources; called when the session ends. Must be safe to call twice."""
 
+    def grade(self) -> Any:
+        """The grader's check of this episode (an oracle, the task's test suite): what it finds,
+        as JSON-ready data. The server runs it for the grader role on a copy of the session
+        restored from a snapshot (``POST /openenv/grade``, see docs/roles.md), never on the
+        session itself, so it may change what it likes. Needs ``SUPPORTS_SNAPSHOT``."""
+        raise NotImplementedError
+
     def snapshot_state(self) -> Any:
         """This session's state as plain Python data (see the module docstring). By default, the
         instance's attributes but ``host`` and those in ``SNAPSHOT_EXCLUDE``."""

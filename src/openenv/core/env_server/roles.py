@@ -7,8 +7,8 @@ A server that requires tokens (``OPENENV_AUTH_TOKEN``) knows four roles:
 * **agent** (the harness or code acting in an episode): lists and calls the agent-visible tools of
   **its own session** and nothing else, with a credential the orchestrator minted for that
   session (scoped to it, expiring, void once the session ends);
-* **grader** (``OPENENV_GRADER_TOKEN``): inspects a session read-only: its state and the
-  environment's grader-only tools;
+* **grader** (``OPENENV_GRADER_TOKEN``): inspects a session read-only: its state, the
+  environment's grader-only tools, and its ``grade()`` run on a copy of the session;
 * **observer** (``OPENENV_OBSERVER_TOKEN``): progress only (health, capacity, metadata, schemas).
 
 The edge (:class:`.edges.middleware.BearerAuth`, with :class:`.edges.auth.Credentials`) turns the ``Authorization`` header into a
@@ -92,11 +92,12 @@ ALLOWED: Dict[Role, FrozenSet[str]] = {
             "view",
             "task",
             "agent/mint",
+            "grade",
         }
     )
     | _READ,
     Role.AGENT: frozenset({"tools/list", "tools/call"}),
-    Role.GRADER: frozenset({"state", "tools/list", "tools/call", "task"}) | _READ,
+    Role.GRADER: frozenset({"state", "tools/list", "tools/call", "task", "grade"}) | _READ,
     Role.OBSERVER: _READ,
 }
 """The table: which operations each role may run. An agent's are further bound to its own

@@ -250,6 +250,9 @@ class MCPProtocol:
             blob = snapshot_bytes(params.get("snapshot"))
             call = Call(Op.RESTORE, blob, session_id or params.get("session_id") or None, seq, principal=principal)
             return {"state": to_jsonable(await self.dispatcher.run(call, own))}
+        if method == "openenv/session/grade":
+            call = Call(Op.GRADE, None, session_id or params.get("session_id") or None, seq, principal=principal)
+            return {"grade": await self.dispatcher.run(call, own)}
         if method == "openenv/session/agent_token":
             call = Call(Op.MINT_AGENT, None, session_id or params.get("session_id") or None, seq, principal=principal)
             return await self.dispatcher.run(call, own)
