@@ -350,6 +350,9 @@ def test_an_agent_credential_reaches_its_session_through_the_front() -> None:
                 await first.reset()
                 await second.reset()  # (one session on each process)
                 credential = await second.agent_token()
+                # on w1: a call naming no session would go to w0 (the emptier, first): only the
+                # credential's session takes it to w1
+                assert credential["session_id"].startswith("w1-")
                 agent = {"Authorization": f"Bearer {credential['token']}"}
                 async with httpx.AsyncClient(base_url=pool.base_url, headers=agent, timeout=30) as http:
                     body = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}

@@ -308,11 +308,18 @@ def test_a_huge_snapshot_is_refused_and_the_server_keeps_serving(monkeypatch: An
                 assert info.value.details["reason"] == "too_large"
                 assert "OPENENV_MAX_SNAPSHOT_MB" in str(info.value)
                 assert (await env.step({"bet": 1})).observation["total"] > 0
-                # and what the server makes is bounded too
-                env_big = await env.snapshot()
-                assert len(env_big) < 1024 * 1024
 
         asyncio.run(main())
+    with serve(dice_app(BulkyDiceEnv)) as bulky:  # what the server would make is bounded too
+
+        async def made() -> None:
+            async with client(bulky.base_url) as env:
+                await env.reset(seed=1)
+                with pytest.raises(SnapshotRefusedError, match=r"The snapshot made is .* over this server's limit"):
+                    await env.snapshot()
+                await env.step({"bet": 1})
+
+        asyncio.run(made())
 
 
 def test_environments_that_cannot_snapshot_say_why() -> None:
@@ -407,6 +414,8 @@ def test_http_and_mcp_snapshot_and_restore_a_named_session() -> None:
             for _ in range(3):
                 http.post("/step", json={"session_id": sid, "action": {"bet": 2}})
             taken = http.post("/openenv/snapshot", json={"session_id": sid}).json()
+            unnamed = {"jsonrpc": "2.0", "id": 1, "method": "openenv/session/snapshot", "params": {}}
+            assert "name one (session_id)" in http.post("/mcp", json=unnamed).json()["error"]["message"]
             by_mcp = rpc("openenv/session/snapshot", session_id=sid)["result"]
             assert taken["bytes"] == len(base64.b64decode(taken["snapshot"]))
             after = http.post("/step", json={"session_id": sid, "action": {"bet": 1}}).json()

@@ -100,6 +100,9 @@ _ON_ENVIRONMENT = frozenset(
 )
 """Operations that run on a session's environment (a throw-away one when the call names none)."""
 
+_OF_A_SESSION = frozenset({Op.SNAPSHOT, Op.RESTORE, Op.MINT_AGENT, Op.GRADE})
+"""Operations meaningless on a throw-away environment: a call of one names its session."""
+
 
 @dataclasses.dataclass(slots=True)
 class Call:
@@ -182,6 +185,8 @@ class Dispatcher:
         run = self._ops[op]
         session = own if own is not None else self.session_named(call.session_id) if call.session_id else None
         if session is None:
+            if op in _OF_A_SESSION:
+                raise SessionNotFoundError("", f"'{op}' is of a session: name one (session_id)")
             return self._on_temporary(run, call.payload)
         if call.seq is None:
             return run(session, call.payload)

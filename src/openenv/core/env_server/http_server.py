@@ -216,17 +216,15 @@ class HTTPEnvServer(UpstreamServerNames):
     # --- the HTTP codec's one way to the dispatcher -----------------------------------------
 
     async def _serve(self, call: Call, request: Request, encode: Callable[[Any], Any]) -> Any:
-        call.principal = principal_of(request.scope)
-        return await self._serve_call(call, request, encode)
-
-    async def _serve_call(self, call: Call, request: Request, encode: Callable[[Any], Any]) -> Any:
-        """``encode`` of the answer to ``call``, its failures answered as JSON errors with a code.
+        """``encode`` of the answer to ``call`` (made by the request's principal), its failures
+        answered as JSON errors with a code.
 
         A call on a named session may carry its number (``X-OpenEnv-Seq``): sent again, it is
         answered from the record. A stateless call (no session named) is cancelled when its
         client disconnects meanwhile: its slot is freed at once, and a sync call still running
         goes on in its worker, the environment closed once it returns. Calls on a named session
         are left to finish, so its environment is never left halfway through one."""
+        call.principal = principal_of(request.scope)
         if call.session_id:
             seq = request.headers.get(resume.SEQ_HEADER)
             if seq is not None:
