@@ -9,6 +9,7 @@ which the tiny engine cannot be told to do on cue. The kill -9 test runs the tin
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
@@ -492,3 +494,28 @@ def _ignore_errors(call: Any) -> None:
         call()
     except Exception:
         pass
+
+
+def test_a_deleted_session_frees_its_turns_without_the_collector(proxy):
+    """The proxy's collector freezes every turn that outlives a call (``CollectBetweenCalls``):
+    that is safe only if a session's objects hold no cycle, so that deleting the session frees
+    them by reference counting alone."""
+    key = proxy.create_session()["api_key"]
+    messages: List[Dict[str, Any]] = [{"role": "user", "content": "hi"}]
+    for _ in range(3):
+        answer = chat(proxy.url, key, {"model": "m", "messages": messages})
+        assert answer.status_code == 200, answer.text
+        messages += [answer.json()["choices"][0]["message"], {"role": "user", "content": "more"}]
+    session = proxy.registry.get(key)
+    assert len(session.graph.nodes) == 3
+    refs = [weakref.ref(session), weakref.ref(session.graph)] + [weakref.ref(n) for n in session.graph.nodes.values()]
+    del session
+    gc.collect()
+    gc.disable()
+    try:
+        deleted = httpx.delete(f"{proxy.url}/sessions/{key}", headers={"Authorization": f"Bearer {proxy.admin_key}"})
+        assert deleted.status_code == 200, deleted.text
+        alive = [ref() for ref in refs if ref() is not None]
+        assert alive == [], f"{len(alive)} objects of a deleted session wait for the collector: {alive[:2]}"
+    finally:
+        gc.enable()

@@ -15,7 +15,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Iterator, Optional, TypeVar, Union
+from typing import Any, AsyncIterator, Awaitable, Iterator, Optional, Tuple, TypeVar, Union
 from urllib.parse import urlsplit, urlunsplit
 
 T = TypeVar("T")
@@ -264,6 +264,68 @@ def tuned_gc(enabled: bool) -> Iterator[None]:
     finally:
         gc.set_threshold(*thresholds)
         gc.unfreeze()
+
+
+class CollectBetweenCalls:
+    """The garbage collector for a process that answers calls (the capture proxy): its passes
+    run right after an answer is sent, never inside a call, and never over long-lived objects.
+
+    CPython collects when allocations pass a threshold, which lands the pause inside whichever
+    call allocates then. The proxy's sessions keep every turn's token ids, lists of thousands of
+    ints the collector walks, so its older passes grew with the sessions held: 5 to 45 ms
+    measured, and the p99 of a model call carried them. While this context is entered:
+
+    - objects that exist at start-up are frozen out of collection (``gc.freeze``), and automatic
+      collection fires only past ``backstop`` allocations, which it never reaches while answers
+      keep going out;
+    - :meth:`after_call`, called once an answer is on the wire, collects the young generation
+      when ``young`` allocations are due and freezes what survived: an object that outlived a
+      call is a session's turn, kept until the session goes, and freed by reference counting
+      then (a test checks a deleted session leaves no cycle behind). Every pass is thus as short
+      as the young objects of a dozen calls (0.1 to 0.2 ms here, over before the agent's next
+      call arrives);
+    - the frozen objects would hold on to what later becomes cyclic garbage (measured: 58
+      objects in 125,000 after 2,000 calls), so every ``full_every`` passes one full pass over
+      everything runs, again right after an answer.
+
+    ``make bench`` (``bench/bench_capture.py``, 2,000 sequential calls, 2,000-token prompts): the
+    added p99 went from 1.2 to 2.3 ms (with :func:`tuned_gc`) to 0.75 to 0.96 ms over five runs;
+    the p50 is unchanged (0.65 to 0.69 ms) and calls/s on one core rose from 0.81-0.95 to
+    0.87-0.97 of the floor's.
+    """
+
+    def __init__(self, young: int = 1_000, full_every: int = 2_000, backstop: int = 100_000) -> None:
+        self.young = young
+        self.full_every = full_every
+        self.backstop = backstop
+        self.passes = 0
+        self._saved: Optional[Tuple[int, int, int]] = None
+
+    def __enter__(self) -> "CollectBetweenCalls":
+        self._saved = gc.get_threshold()
+        gc.freeze()
+        gc.set_threshold(self.backstop, 10, 10)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._saved is not None:
+            gc.set_threshold(*self._saved)
+            gc.unfreeze()
+            self._saved = None
+
+    def after_call(self) -> Optional[int]:
+        """Run the pass that is due, if any: 0 for a young pass, 2 for a full one, else None."""
+        if self._saved is None or gc.get_count()[0] < self.young:
+            return None
+        self.passes += 1
+        if self.passes % self.full_every == 0:
+            gc.unfreeze()
+            gc.collect()
+            gc.freeze()
+            return 2
+        gc.collect(0)
+        gc.freeze()
+        return 0
 
 
 def shown_path(path: Union[str, Path]) -> str:
