@@ -301,7 +301,7 @@ class CollectBetweenCalls:
         self.passes = 0
         self._saved: Optional[Tuple[int, int, int]] = None
 
-    def __enter__(self) -> "CollectBetweenCalls":
+    def __enter__(self) -> CollectBetweenCalls:
         self._saved = gc.get_threshold()
         gc.freeze()
         gc.set_threshold(self.backstop, 10, 10)
