@@ -82,6 +82,8 @@ class Op:
     RESTORE = "restore"  # payload: a sealed snapshot (bytes); answers the restored state
     MINT_AGENT = "agent/mint"  # answers a credential for the session's agent (see .roles)
     GRADE = "grade"  # answers the environment's grade() of a copy of the session
+    SCHEMA = "schema"  # answers the JSON schemas (FastAPI's docs and /list_environments ask it too)
+    CAPACITY = "capacity"  # answers the sessions open and the limit
 
 
 _ON_ENVIRONMENT = frozenset(
@@ -298,6 +300,10 @@ class Dispatcher:
             return await self.manager.request_close(str(call.payload))
         if op == Op.METADATA:
             return await self.metadata()
+        if op == Op.SCHEMA:
+            return self.schema()
+        if op == Op.CAPACITY:
+            return {"active_sessions": self.manager.active_sessions, "max_sessions": self.manager.max_sessions}
         if op == Op.TASK:
             return await self._task(*call.payload)
         raise ValueError(f"unknown operation {op!r}")

@@ -25,6 +25,7 @@ from fastapi import Body, FastAPI, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.routing import Route
 from typing_extensions import Unpack
 
 from ..utils import tuned_gc
@@ -302,6 +303,7 @@ class HTTPEnvServer(UpstreamServerNames):
         app.add_middleware(BodyLimits, limit=self.settings.limits.max_message_bytes, budget=self.budget)
         app.add_middleware(WebSocketRoutes, context=self.ws_context, routes=app.router.routes)
         if self.credentials is not None:
+            _guard_docs(app, self.dispatcher)
             app.add_middleware(BearerAuth, credentials=self.credentials, open_paths=open_paths)
         app.add_middleware(SameOrigin, allowed=self.settings.allowed_origins, hosts=self.settings.allowed_hosts)
         app.add_middleware(ErrorDetailsScope, choice=self.settings.error_details)
@@ -409,10 +411,10 @@ class HTTPEnvServer(UpstreamServerNames):
             return {"status": "healthy"}
 
         @app.get("/openenv/capacity", response_model=ServerCapacityStatus, include_in_schema=False)
-        async def capacity() -> Any:
+        async def capacity(http_request: Request) -> Any:
             # How full this server is (an extension, behind the token when one is set): the front
             # of `openenv serve --workers N` sums these into its own /health; RayEnvPool reads it.
-            return {"active_sessions": server.manager.active_sessions, "max_sessions": server.manager.max_sessions}
+            return await server._answer(Call(Op.CAPACITY, principal=principal_of(http_request.scope)), _json_response)
 
         @app.get(
             "/schema",
@@ -420,8 +422,8 @@ class HTTPEnvServer(UpstreamServerNames):
             tags=["Schema"],
             summary="JSON schemas of action, observation and state",
         )
-        async def schema() -> Any:
-            return JSONResponse(server.schema())
+        async def schema(http_request: Request) -> Any:
+            return await server._answer(Call(Op.SCHEMA, principal=principal_of(http_request.scope)), JSONResponse)
 
         @app.get(
             "/metadata", response_model=EnvironmentMetadata, tags=["Environment Info"], summary="Environment metadata"
@@ -438,8 +440,9 @@ class HTTPEnvServer(UpstreamServerNames):
         server = self
 
         @app.get("/list_environments", tags=["Environment Info"], summary="Environments served here")
-        async def list_environments() -> Any:
-            return [server.env_name]
+        async def list_environments(http_request: Request) -> Any:
+            call = Call(Op.SCHEMA, principal=principal_of(http_request.scope))  # (what is served: as the schemas)
+            return await server._answer(call, lambda _: [server.env_name])
 
         @app.get("/{env_name}/splits", tags=["Tasks"], summary="Task splits")
         async def splits(env_name: str, http_request: Request) -> Any:
@@ -462,6 +465,24 @@ class HTTPEnvServer(UpstreamServerNames):
             return await server._call_task_method(
                 http_request, env_name, "get_task_range", request.split, request.start, request.stop
             )
+
+
+def _guard_docs(app: FastAPI, dispatcher: Dispatcher) -> None:
+    """FastAPI's own pages (``/openapi.json``, ``/docs``, ``/redoc``) describe the API, schemas
+    and all: for the roles that may read ``/schema``, asked of the dispatch like it."""
+    paths = {app.openapi_url, app.docs_url, app.redoc_url} - {None}
+    for route in app.router.routes:
+        if isinstance(route, Route) and route.path in paths:
+            route.app = functools.partial(_after_schema_check, dispatcher, route.app)
+
+
+async def _after_schema_check(dispatcher: Dispatcher, page: Any, scope: Any, receive: Any, send: Any) -> None:
+    try:
+        await dispatcher.run(Call(Op.SCHEMA, principal=principal_of(scope)))
+    except Exception as exc:
+        await http_error(exc)(scope, receive, send)
+        return
+    await page(scope, receive, send)
 
 
 def _task_reply(method: str, result: Any, env_name: str) -> Any:

@@ -162,10 +162,11 @@ class MCPProtocol:
         principal = principal_of(request.scope)
         try:
             if principal.role is Role.AGENT and not header_session:
-                # an agent's MCP session is the one its credential was minted for
-                header_session = principal.session_id
+                # an agent's MCP session is the one its credential was minted for (another one its
+                # params name is the dispatch's to refuse, not to be swapped for its own quietly)
+                header_session = str(rpc.params.get("session_id") or principal.session_id)
                 if rpc.method == "initialize":
-                    headers["mcp-session-id"] = header_session  # type: ignore[assignment]
+                    headers["mcp-session-id"] = principal.session_id  # type: ignore[assignment]
             elif create_key and rpc.method == "openenv/session/create" and not header_session:
                 # sent again after its answer was lost: the same session, not a second one
                 session = await self.dispatcher.run(Call(Op.CREATE, create_key, principal=principal))

@@ -193,8 +193,9 @@ class Playground:
         body = resources.files(__package__).joinpath("static", name).read_bytes()
         return Response(body, media_type=media_type, headers=_PAGE_HEADERS)
 
-    async def about(self) -> Response:
+    async def about(self, request: Request) -> Response:
         try:
+            await self.dispatcher.run(Call(Op.METADATA, principal=principal_of(request.scope)))  # (the role's check)
             if self._about is None:
                 self._about = await self._describe()
             return _json({**self._about, "custom": self.custom})
