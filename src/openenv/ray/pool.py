@@ -17,6 +17,11 @@ again (``max_restarts=-1``); meanwhile the pool serves from the others. A replic
 lives but whose server stops answering ``/health`` is killed, and Ray restarts it the same way.
 Sessions are WebSockets pinned to the replica that holds them: those of a replica that goes are
 lost (``SessionLostError``); new ones go to the replicas that answer.
+
+Roles (docs/roles.md): every replica takes the pool's orchestrator token (:attr:`RayEnvPool.token`,
+what its clients send), grader token and observer token. An agent's credential is minted by the
+replica holding its session (``client.agent_token()``) and works there alone, at that client's
+``base_url``: hand the agent both.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ logger = logging.getLogger("openenv.ray")
 PLACEMENTS = ("PACK", "SPREAD", "STRICT_SPREAD", "STRICT_PACK")
 NAMESPACE = "openenv"
 """The Ray namespace of every replica actor (named ``openenv-<pool>-<index>``)."""
+GRADER_TOKEN_VAR = "OPENENV_GRADER_TOKEN"
+OBSERVER_TOKEN_VAR = "OPENENV_OBSERVER_TOKEN"
 _HEALTH_TIMEOUT_S = 5.0
 _FAILURES_BEFORE_RESTART = 5  # checks in a row (about 5 s or more): a loaded node is slow, not dead
 
@@ -112,7 +119,14 @@ class RayEnvPool:
         self._ray = ray
         self.name = f"openenv-{uuid.uuid4().hex[:8]}"
         self.token = secrets.token_urlsafe(32)
-        """The bearer token every replica requires (``Authorization: Bearer <token>``)."""
+        """The bearer token every replica requires (``Authorization: Bearer <token>``): the
+        orchestrator's (docs/roles.md)."""
+        self.grader_token = secrets.token_urlsafe(32)
+        """The grader's token on every replica (``OPENENV_GRADER_TOKEN``): read a session's state,
+        call the grader-only tools, grade a copy of the session."""
+        self.observer_token = secrets.token_urlsafe(32)
+        """The observer's token on every replica (``OPENENV_OBSERVER_TOKEN``): health, capacity,
+        metadata and schemas."""
         self.placement = placement
         self.health_interval_s = health_interval_s
         self._resources = dict(resources_per_replica or {"CPU": 1})
@@ -129,7 +143,13 @@ class RayEnvPool:
         self._started_ray = False
         self._closed = False
         # one snapshot key for every replica: a session snapshotted on one restores on any other
-        server_env = {"OPENENV_SNAPSHOT_KEY": secrets.token_hex(32), **(env_vars or {}), TOKEN_ENV_VAR: self.token}
+        server_env = {
+            "OPENENV_SNAPSHOT_KEY": secrets.token_hex(32),
+            **(env_vars or {}),
+            TOKEN_ENV_VAR: self.token,
+            GRADER_TOKEN_VAR: self.grader_token,
+            OBSERVER_TOKEN_VAR: self.observer_token,
+        }
         if sessions_per_replica is not None:
             server_env["OPENENV_MAX_SESSIONS"] = str(sessions_per_replica)
         try:
@@ -312,7 +332,8 @@ class RayEnvPool:
 
     def client(self, ClientClass: type = GenericEnvClient, *, wait_s: float = 30.0, **kwargs: Any) -> Any:
         """A new, unconnected ``ClientClass`` on the least-loaded healthy replica, with the token
-        (``.sync()`` works as on any client). Waits up to ``wait_s`` for a replica to be healthy."""
+        (``.sync()`` works as on any client). Waits up to ``wait_s`` for a replica to be healthy.
+        Its session's agent credential (``client.agent_token()``) works at its ``base_url``."""
         self._check_open()
         deadline = time.monotonic() + wait_s
         while (url := self._pick()) is None:
