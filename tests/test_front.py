@@ -155,6 +155,37 @@ def test_a_websocket_attach_by_session_id_reaches_its_process(pool: SandboxPool)
             client.close()
 
 
+def test_a_resumed_connection_reaches_the_process_that_holds_its_session(pool: SandboxPool) -> None:
+    """A client whose connection drops resumes its session through the front, naming it in
+    ``X-OpenEnv-Resume-Session``: the front sends that handshake to the process holding the
+    session (another would refuse it, 404, and the episode would be lost)."""
+    from openenv.testing.faults import FaultProxy
+
+    port = int(pool.base_url.rsplit(":", 1)[1])
+
+    async def main() -> None:
+        with FaultProxy(port) as p0, FaultProxy(port) as p1, FaultProxy(port) as p2, FaultProxy(port) as p3:
+            proxies = [p0, p1, p2, p3]
+            clients = [EchoEnv(base_url=proxy.base_url) for proxy in proxies]
+            try:
+                for client in clients:
+                    await client.reset()
+                held = [client._resume[0] for client in clients]  # (id, resume token)
+                assert {session_id.split("-")[0] for session_id in held} == {"w0", "w1"}
+                for number, (proxy, client) in enumerate(zip(proxies, clients, strict=True)):
+                    assert proxy.fault("reset")
+                    result = await client.step(
+                        CallToolAction(tool_name="echo_message", arguments={"message": f"r{number}"})
+                    )
+                    assert f"r{number}" in str(result.observation)
+                    assert client._resume[0] == held[number]  # resumed, not a new session
+            finally:
+                for client in clients:
+                    await client.close()
+
+    asyncio.run(main())
+
+
 def test_health_reports_the_whole_pool(pool: SandboxPool) -> None:
     with EchoEnv(base_url=pool.base_url).sync() as client:
         client.reset()
