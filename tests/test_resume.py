@@ -203,6 +203,27 @@ async def test_a_client_made_before_the_rename_resumes_under_the_deprecated_head
         await until(lambda: manager.active_sessions == 0)
 
 
+async def test_the_client_resumes_a_server_from_before_the_rename_by_the_old_header(monkeypatch):
+    """A server that names the session in ``X-OpenEnv-Session`` alone (as before the rename) is
+    resumed by that header."""
+    from openenv.core.env_server import resume
+
+    def old_grant(record: Any) -> list:
+        return [(b"x-openenv-session", record.session_id.encode()), (b"x-openenv-resume-token", record.token.encode())]
+
+    monkeypatch.setattr(resume, "handshake_grant", old_grant)
+    with serve(counter_app()) as server, FaultProxy(server.port) as proxy:
+        manager = manager_of(server)
+        async with GenericEnvClient(base_url=proxy.base_url) as client:
+            await client.reset()
+            await client.step({"delta": 1})
+            session_id = client._resume[0]
+            assert proxy.fault("reset")
+            assert (await client.step({"delta": 1})).observation["value"] == 2
+            assert client._resume[0] == session_id
+        await until(lambda: manager.active_sessions == 0)
+
+
 async def test_sessions_waiting_for_a_resume_hold_their_slot():
     with serve(counter_app(max_concurrent_envs=1)) as server, FaultProxy(server.port) as proxy:
         manager = manager_of(server)

@@ -18,9 +18,10 @@ Upstream peers never trigger it. The protocol, over ``/ws``:
   takes the session over from a connection the server still thinks alive (a half-open one).
 * ``X-OpenEnv-Session`` is the deprecated name of ``X-OpenEnv-Resume-Session``
   (:data:`LEGACY_SESSION_HEADER`): the server still answers it beside the new one and takes it
-  in a resume, so that clients made before the rename resume too. It is not sent by OpenEnv's
-  client; the web playground's ``X-OpenEnv-Session`` (:mod:`.web`) is another header of that
-  name, naming the visitor's session.
+  in a resume, so that clients made before the rename resume too; OpenEnv's client resumes by
+  the new name, or by the old one where a server from before the rename answered only that. The
+  web playground's ``X-OpenEnv-Session`` (:mod:`.web`) is another header of that name: the
+  visitor's session.
 
 :class:`Resume` is everything the server keeps for it: the token, the connection serving the
 session, and the number and answer of the session's last call. A call re-sent with that number is
