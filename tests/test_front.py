@@ -185,6 +185,7 @@ def test_a_resumed_connection_reaches_the_process_that_holds_its_session(pool: S
                     await client.close()
 
     asyncio.run(main())
+    _eventually(lambda: sum(_sessions(pool.base_url).values()) == 0)  # closed: none left for the next test
 
 
 def test_a_resume_naming_its_session_in_x_openenv_resume_session_reaches_its_worker() -> None:
