@@ -149,18 +149,7 @@ class HTTPEnvServer(UpstreamServerNames):
         limits = settings.limits
         self.budget = InFlightBudget(limits.max_inflight_bytes)
         """The bytes in flight of all clients together (large frames and request bodies)."""
-        self.manager = SessionManager(
-            env,
-            max_sessions=concurrency_config.max_concurrent_envs,
-            session_timeout_s=concurrency_config.session_timeout,
-            step_timeout_s=settings.step_timeout_s,
-            worker_threads=settings.worker_threads,
-            attached_idle_timeout_s=limits.session_idle_timeout_s or None,
-            sched_batch=settings.sched_batch,
-            session_id_prefix=settings.session_id_prefix,
-            resume_grace_s=limits.resume_grace_s,
-            resume_max_suspended_s=limits.resume_suspended_cap_s,
-        )
+        self.manager = SessionManager(env, settings, concurrency=concurrency_config)
         self.credentials = auth.credentials(settings.auth_token, settings.grader_token, settings.observer_token)
         """The tokens this server takes and their roles (None: it requires none; see :mod:`.roles`)."""
         self.auth_token = self.credentials.tokens[Role.ORCHESTRATOR] if self.credentials is not None else None

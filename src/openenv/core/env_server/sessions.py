@@ -57,7 +57,8 @@ from .exceptions import (
     WorkersStuckError,
 )
 from .resume import Resume
-from .types import ServerCapacityStatus, SessionInfo
+from .settings import ServerSettings
+from .types import ConcurrencyConfig, ServerCapacityStatus, SessionInfo
 from .workers import Job, WorkerPool
 
 logger = logging.getLogger("openenv.server")
@@ -217,40 +218,50 @@ env_traits = functools.cache(EnvTraits)  # one EnvTraits per class
 
 
 class SessionManager:
-    """Creates, runs and retires sessions; see the module docstring."""
+    """Creates, runs and retires sessions; see the module docstring.
+
+    ``factory`` builds one session's environment. ``settings`` says how sessions are run: how
+    many, the step timeout, the worker threads, the id prefix, and its limits on idle and
+    suspended sessions. Its fields may stand for it: ``SessionManager(Env, max_sessions=2)`` is
+    ``SessionManager(Env, ServerSettings(max_sessions=2))``. ``concurrency`` is what the app's
+    code says (upstream's :class:`~.types.ConcurrencyConfig`): how many sessions where
+    ``settings.max_sessions`` is None, and ``session_timeout``, the idle time after which a session
+    with no socket attached is closed (None: :data:`DEFAULT_DETACHED_SESSION_TIMEOUT_S`)."""
 
     def __init__(
         self,
         factory: Callable[[], Any],
+        settings: Optional[ServerSettings] = None,
         *,
-        max_sessions: int = 1,
-        session_timeout_s: Optional[float] = None,
-        step_timeout_s: Optional[float] = None,
-        worker_threads: Optional[int] = None,
-        attached_idle_timeout_s: Optional[float] = None,
-        sched_batch: bool = False,
-        session_id_prefix: Optional[str] = None,
-        resume_grace_s: float = 0.0,
-        resume_max_suspended_s: Optional[float] = None,
+        concurrency: Optional[ConcurrencyConfig] = None,
+        **fields: Any,
     ) -> None:
         if not callable(factory):
             raise TypeError("factory must be callable")
+        if settings is None:
+            settings = ServerSettings(**fields)
+        elif fields:
+            raise TypeError("Pass either settings or the fields it holds, not both")
+        self.settings = settings
+        concurrency = concurrency or ConcurrencyConfig()
+        max_sessions = concurrency.max_concurrent_envs if settings.max_sessions is None else settings.max_sessions
         if max_sessions < 1:
             raise ValueError("max_sessions must be >= 1")
+        limits = settings.limits
         self._factory = factory
         self.factory_name = getattr(factory, "__name__", None) or type(factory).__name__
         self.max_sessions = max_sessions
         # "w3-<uuid>": the id says which of several server processes holds the session.
-        self._id_prefix = f"{session_id_prefix}-" if session_id_prefix else ""
-        self.session_timeout_s = DEFAULT_DETACHED_SESSION_TIMEOUT_S if session_timeout_s is None else session_timeout_s
-        self.attached_idle_timeout_s = attached_idle_timeout_s or None
-        self.resume_grace_s = resume_grace_s
+        self._id_prefix = f"{settings.session_id_prefix}-" if settings.session_id_prefix else ""
+        self.session_timeout_s = concurrency.session_timeout or DEFAULT_DETACHED_SESSION_TIMEOUT_S
+        self.attached_idle_timeout_s = limits.session_idle_timeout_s or None
+        self.resume_grace_s = limits.resume_grace_s
         """How long a resumable socket's session waits for a resume (0: sockets are not resumable)."""
-        self.resume_max_suspended_s = resume_max_suspended_s or None
+        self.resume_max_suspended_s = limits.resume_suspended_cap_s
         """The most time in all such a session may wait for resumes (None: no bound but the grace)."""
         # id -> (why it was closed, whether calls naming it by id may be told so)
         self._reaped: OrderedDict[str, Tuple[str, bool]] = OrderedDict()
-        self.step_timeout_s = step_timeout_s or None
+        self.step_timeout_s = settings.step_timeout_s or None
         built = factory  # the class the factory builds, when that can be told without calling it
         while isinstance(built, functools.partial):
             built = built.func
@@ -260,9 +271,10 @@ class SessionManager:
         # One thread and no replacement for an environment that needs a single thread: while a
         # call that was given up on still runs, other calls wait for that thread.
         if getattr(self.env_cls, "REQUIRES_SINGLE_THREAD_EXECUTOR", False):
-            self.pool = WorkerPool(1, name="openenv-env", batch=sched_batch, max_stuck=0)
+            self.pool = WorkerPool(1, name="openenv-env", batch=settings.sched_batch, max_stuck=0)
         else:
-            self.pool = WorkerPool(worker_threads or min(max_sessions + 1, 16), name="openenv-env", batch=sched_batch)
+            threads = settings.worker_threads or min(max_sessions + 1, 16)
+            self.pool = WorkerPool(threads, name="openenv-env", batch=settings.sched_batch)
         self._sessions: Dict[str, Session] = {}
         self._temporary_slots = asyncio.Semaphore(max_sessions)
         self._background: Set[asyncio.Task] = set()
