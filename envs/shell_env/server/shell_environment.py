@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 from uuid import uuid4
 
@@ -222,6 +223,10 @@ class ShellEnvironment(MCPEnvironment):
     @property
     def state(self) -> ShellState:
         return self._state
+
+    def workspace_dir(self) -> Path:
+        """The work directory (for the grader's diff since the reset: ``POST /openenv/diff``)."""
+        return self.workspace.path
 
     # --- snapshots -------------------------------------------------------------------------------
 
