@@ -15,6 +15,9 @@ episode's own state: the task, the :class:`ShellState` (step count, budget, subm
 whether the episode is over and the generator that picks tasks. Restoring rebuilds the work
 directory in a fresh directory (the old one is removed). The tool set, the task list and the
 isolation are the server's and stay the restoring server's.
+
+The work directory is declared (:meth:`ShellEnvironment.workspace_dir`): the server walks it after
+each reset and answers a grader's diff since then (``POST /openenv/diff``, docs/roles.md).
 """
 
 from __future__ import annotations
