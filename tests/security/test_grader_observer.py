@@ -70,6 +70,12 @@ class NotesEnv(MCPEnvironment):
             raise ValueError("this tool always fails")
 
         @mcp.tool
+        async def nap(seconds: float) -> str:
+            """Sleep (past the server's step timeout, in a test)."""
+            await asyncio.sleep(seconds)
+            return "rested"
+
+        @mcp.tool
         def finish() -> str:
             """End the episode."""
             return "finished"
@@ -409,6 +415,20 @@ def test_a_diff_without_a_workspace_or_a_baseline_says_why_and_the_server_keeps_
         assert client.diff(session).status_code == 200  # still serving
 
 
+def test_a_session_whose_environment_was_rebuilt_after_a_timeout_has_no_baseline_until_its_reset() -> None:
+    with serve(notes_app(step_timeout_s=0.5)) as server, httpx.Client(base_url=server.base_url, timeout=30) as http:
+        client = Client(http)
+        session = client.create()
+        client.reset(session)
+        timed_out = client.call(session, "nap", seconds=5)
+        assert timed_out["error"]["data"]["code"] == "TIMEOUT", timed_out
+        answer = client.diff(session)  # a fresh environment, never reset: its directory is not the one walked
+        assert answer.status_code == 409 and "rebuilt" in answer.json()["detail"]
+        assert client.trajectory(session)["entries"][-1]["error"].startswith("StepTimeoutError")
+        client.reset(session)
+        assert client.diff(session).status_code == 200
+
+
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (apt-get install bubblewrap)")
 def test_the_diff_of_a_shell_env_session_shows_what_a_command_wrote() -> None:
     from shell_env.models import ShellObservation, ShellState
@@ -449,7 +469,20 @@ def test_the_diff_of_a_shell_env_session_shows_what_a_command_wrote() -> None:
         assert diff["diffs"]["out.txt"].endswith("+made\n")
         assert [m["path"] for m in diff["modified"]] == ["config.ini"]
         assert "-debug = true" in diff["diffs"]["config.ini"] and "+debug = false" in diff["diffs"]["config.ini"]
+        os.unlink(made[-1].workspace.path / "escape")
         shutil.rmtree(secret.parent)
+
+        # a session restored from a snapshot: its record and its baseline start at the restore
+        snapshot = http.post("/openenv/snapshot", json={"session_id": session}, headers=BOSS).json()["snapshot"]
+        copy = client.create()
+        restored = http.post("/openenv/restore", json={"session_id": copy, "snapshot": snapshot}, headers=BOSS)
+        assert restored.status_code == 200, restored.text
+        diff = client.diff(copy, bearer(GRADER)).json()
+        assert (diff["since"], diff["added"], diff["modified"]) == ("restore", [], [])
+        assert [e["kind"] for e in client.trajectory(copy, bearer(GRADER))["entries"]] == ["restore"]
+        client.step(copy, "run_command", command="rm out.txt")
+        assert [e["path"] for e in client.diff(copy).json()["removed"]] == ["out.txt"]
+        assert [e["kind"] for e in client.trajectory(copy)["entries"]] == ["restore", "step"]
 
 
 # --- the observer's metrics --------------------------------------------------------------------

@@ -16,6 +16,9 @@ API (:mod:`.http_server`), JSON-RPC over ``POST /mcp`` and inside ``/ws`` frames
 * **MCP**: whether the environment answers tools itself (an ``MCPEnvironment``) or takes MCP
   actions as steps;
 * snapshots: sealing a session's state and loading one back (:mod:`.snapshots`);
+* the grader's reads of a session: its trajectory since its reset (:mod:`.trajectory`, recorded by
+  the session manager) and what changed in its work directory (:mod:`.workspace_diff`); the
+  server's metrics;
 * the Task API, the environment's metadata and the JSON schemas.
 
 What a transport still owns is what belongs to its wire: framing and parsing, which of its
@@ -294,19 +297,21 @@ class Dispatcher:
         """What changed in the session's work directory since its last reset or restore
         (:mod:`.workspace_diff`), walked in the pool under the session's lock."""
         traits = session.traits
-        name = type(session.env).__name__ if session.env is not None else self.env_name
         if traits is None or not traits.workspace:
+            name = type(session.env).__name__ if session.env is not None else self.env_name
             raise workspace_diff.NoWorkspaceError(name)
-        before = session.baseline
-        if before is None:
-            raise workspace_diff.NoBaselineError(
-                f"Session {session.id} has not been reset since it was made: its work directory has no "
-                "baseline to compare with; reset it first"
-            )
-        if isinstance(before, workspace_diff.Unavailable):
-            raise workspace_diff.NoBaselineError(f"Session {session.id} has no baseline to compare with: {before.why}")
 
         def compare(env: Any) -> Dict[str, Any]:
+            before = session.baseline  # (read under the session's lock: the last reset's, or restore's)
+            if before is None:
+                raise workspace_diff.NoBaselineError(
+                    f"Session {session.id} has not been reset since it was made: its work directory has "
+                    "no baseline to compare with; reset it first"
+                )
+            if isinstance(before, workspace_diff.Unavailable):
+                raise workspace_diff.NoBaselineError(
+                    f"Session {session.id} has no baseline to compare with: {before.why}"
+                )
             root = env.workspace_dir()
             if root is None:
                 raise workspace_diff.NoWorkspaceError(type(env).__name__)

@@ -239,7 +239,8 @@ class Counts:
     episodes_done: int = 0
     """Episodes that reached ``done``."""
     errors: int = 0
-    """Calls on an environment that failed (its exception, a timeout, a failing tool)."""
+    """Resets, steps and tool calls that failed (the environment's exception, a timeout, a tool's
+    error)."""
 
 
 class SessionManager:
@@ -421,10 +422,6 @@ class SessionManager:
         return session
 
     def _install(self, session: Session, env: Any) -> None:
-        if session.env is None and session.baseline is not None:  # rebuilt (after a timeout): never reset
-            session.baseline = workspace_diff.Unavailable(
-                "the session's environment was rebuilt (a call on it timed out) and has not been reset since"
-            )
         session.env = env
         session.traits = env_traits(type(env))
         if self.prepare is not None:
@@ -634,9 +631,10 @@ class SessionManager:
                 raise EnvironmentCallError(exc) from exc
             ok = True
         except Exception as exc:
-            self.counts.errors += 1
-            if record is not None and session.trajectory is not None:
-                session.trajectory.add(operation, record, None, exc)
+            if record is not None:
+                self.counts.errors += 1
+                if session.trajectory is not None:
+                    session.trajectory.add(operation, record, None, exc)
             raise
         finally:
             session.lock.release()
@@ -754,6 +752,11 @@ class SessionManager:
         job, session.inflight = session.inflight, None
         if env is not None:
             self._close_soon(env, job)
+            if session.baseline is not None:  # the next call builds a fresh one, never reset
+                session.baseline = workspace_diff.Unavailable(
+                    "its environment was discarded (a call on it timed out, or a restore failed) and rebuilt; "
+                    "reset the session to compare with a new baseline"
+                )
 
     def discard_env(self, session: Session) -> None:
         """Close the session's environment (its state is no longer known): its next call builds a
