@@ -22,7 +22,7 @@ variable                                default     meaning
                                                     page's own files) needs
 ``OPENENV_GRADER_TOKEN``                none        the grader's token: read-only inspection of sessions (needs
                                                     ``OPENENV_AUTH_TOKEN``; see :mod:`.roles`, docs/roles.md)
-``OPENENV_OBSERVER_TOKEN``              none        the observer's token: health, capacity, metadata only. Each
+``OPENENV_OBSERVER_TOKEN``              none        the observer's token: health, capacity, metadata, metrics. Each
                                                     token may come from a file instead: ``<VARIABLE>_FILE``
 ``OPENENV_MAX_TRAJECTORY_STEPS``        see right   entries of each session's trajectory kept for the grader (its
                                                     latest; see :mod:`.trajectory`, docs/roles.md). Unset:
