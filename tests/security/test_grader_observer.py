@@ -83,6 +83,8 @@ class NotesEnv(MCPEnvironment):
         super().__init__(mcp)
 
     def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> Observation:
+        if kwargs.get("fail"):
+            raise RuntimeError("this reset fails")
         shutil.rmtree(self.root)
         self.root.mkdir()
         (self.root / "task.txt").write_text("line one\nline two\n")
@@ -281,6 +283,10 @@ def test_the_trajectory_holds_exactly_the_calls_since_the_reset_and_a_reset_clea
         assert attempt["tool"] == "peek_answer" and attempt["error"].startswith("tool_not_found")
         assert [e["time"] for e in entries] == sorted(e["time"] for e in entries)
 
+        failed = http.post("/reset", json={"session_id": session, "fail": True}, headers=BOSS)
+        assert failed.status_code == 500  # no new episode began: the record goes on, with the failure
+        entries = client.trajectory(session)["entries"]
+        assert len(entries) == 7 and entries[-1]["kind"] == "reset" and "this reset fails" in entries[-1]["error"]
         client.reset(session)
         assert [e["kind"] for e in client.trajectory(session)["entries"]] == ["reset"]
 

@@ -2,17 +2,19 @@
 
 The session manager keeps one :class:`Trajectory` per session (where recording is on, see
 ``OPENENV_MAX_TRAJECTORY_STEPS`` in :mod:`.settings`) and adds an entry for each reset, step and
-tool call that ran on the session's environment, whichever transport it came through, and
-whichever role made it (the orchestrator's calls, an agent's tool calls; a grader's inspection is
-not part of the episode and is not recorded). A reset empties it and becomes its first entry; a
-restore likewise (the restored session's record starts there).
+tool call that ran on the session's environment (a failing one with its error), whichever
+transport it came through and whoever made it: the orchestrator, the session's agent, a grader
+calling the environment's grader-only tools. A call the roles refuse never reaches the environment
+and is not recorded (the audit log has it). A reset empties the record and becomes its first
+entry; a restore likewise (the restored session's record starts there).
 
 Recording costs next to nothing per step: an entry holds references to the objects the call
 already had (the validated action, the observation the environment returned, the tool's result)
 and a timestamp, appended to a bounded deque; nothing is copied or serialised until someone asks
 (:meth:`Trajectory.rows`, then :func:`render` in a worker thread). The price of that: an
 environment that changes an observation object after returning it (none of ours does; the
-transports serialise it at once) changes its recorded entry too.
+transports serialise it at once) changes its recorded entry too; and the objects stay in memory
+until the session's next reset (or until they are the oldest past the bound).
 
 The bound (``max_entries``) keeps the **latest** entries and counts the ones dropped
 (``truncated``): a long episode is never refused a step for recording's sake, and the steps a
@@ -53,8 +55,9 @@ class Trajectory:
     def add(self, kind: str, asked: Any, answer: Any, raised: Optional[BaseException] = None) -> None:
         """Record one call: ``kind`` (:data:`STEP`...), what it asked (the action, the reset's
         keywords, a tool's name and arguments), its answer, or the exception it raised. A
-        reset or restore starts the record afresh."""
-        if kind == RESET or kind == RESTORE:
+        reset or restore that succeeded starts the record afresh (a failed one is added to it:
+        no new episode began)."""
+        if (kind == RESET or kind == RESTORE) and raised is None:
             self._entries.clear()
             self.count = 0
         self._entries.append((self.count, kind, time.time(), asked, answer, raised))
