@@ -399,6 +399,36 @@ def test_the_diff_shows_files_added_removed_and_modified_and_never_follows_a_lin
         assert client.diff(session).json()["added"] == []
 
 
+def test_the_diffs_bounds_hold(monkeypatch: Any) -> None:
+    from openenv.core.env_server import workspace_diff
+
+    with serve(notes_app()) as server, httpx.Client(base_url=server.base_url, timeout=30) as http:
+        client = Client(http)
+        session = client.create()
+        client.reset(session)
+        deep = "/".join(["d"] * (workspace_diff.MAX_DEPTH + 3))
+        client.step(session, "write", path=f"{deep}/bottom.txt", text="deep\n")
+        client.step(session, "write", path="big.txt", text="x" * (workspace_diff.MAX_TEXT_FILE_BYTES + 1))
+        client.step(session, "write", path="binary.dat", text="\0\1\2")
+        diff = client.diff(session).json()
+        assert diff["truncated"] is True  # the deepest directories are listed, not entered
+        assert not any(entry["path"].endswith("bottom.txt") for entry in diff["added"])
+        assert diff["omitted"]["big.txt"].startswith("larger than") and "binary.dat" in diff["omitted"]
+        monkeypatch.setattr(workspace_diff, "MAX_ENTRIES", 5)  # (the server runs in this process)
+        monkeypatch.setattr(workspace_diff, "MAX_DIFF_CHARS", 40)
+        monkeypatch.setattr(workspace_diff, "MAX_HASH_BYTES", 10)
+        client.reset(session)
+        for name in "abcdefgh":
+            client.step(session, "write", path=f"{name}.txt", text=f"{name * 30}\n")
+        diff = client.diff(session).json()
+        # the walk takes five entries, in sorted order (a..e.txt), and stops: past e.txt nothing is
+        # compared, so task.txt is not reported removed, nor f..h.txt added
+        assert diff["truncated"] is True and diff["removed"] == []
+        assert [entry["path"] for entry in diff["added"]] == ["a.txt", "b.txt", "c.txt", "d.txt", "e.txt"]
+        assert diff["unhashed"] is True  # past 10 bytes: compared by size and time
+        assert sum(len(text) for text in diff["diffs"].values()) <= 40 and diff["omitted"]
+
+
 def test_a_diff_without_a_workspace_or_a_baseline_says_why_and_the_server_keeps_serving() -> None:
     from ..envs import CounterAction, CounterEnv, CounterObservation
 

@@ -11,11 +11,15 @@ The directory is the agent's to write, so it is read as hostile: walked under de
 directories (``dir_fd``), every file opened with ``O_NOFOLLOW`` and checked to be a regular
 file, a subdirectory entered only when it is one. A symbolic link is reported as a link with its
 target (and whether that leads out of the directory), never followed; a special file (a FIFO, a
-device) is reported, never opened. Every cost is bounded: at most :data:`MAX_ENTRIES` entries
-and :data:`MAX_HASH_BYTES` hashed per walk (past them the answer says ``truncated``, and files
-past the hashing budget are compared by size and modification time), text kept for files of up
-to :data:`MAX_TEXT_FILE_BYTES` and :data:`MAX_TEXT_BYTES` in all, and at most
-:data:`MAX_DIFF_CHARS` of diff text per answer (a file left out says why in ``omitted``).
+device) is reported, never opened. Every cost is bounded: a walk takes at most
+:data:`MAX_ENTRIES` entries, enters at most :data:`MAX_DEPTH` levels of directories and no
+directory of more than :data:`MAX_LISTING` names (past those the answer says ``truncated``, and
+what lies past them is compared in neither walk: it is unknown, not added or removed), and hashes
+at most :data:`MAX_HASH_BYTES` (files past that are compared by size and modification time:
+``unhashed``); text is kept for files of up to :data:`MAX_TEXT_FILE_BYTES`, :data:`MAX_TEXT_BYTES`
+in all, and an answer carries at most :data:`MAX_DIFF_CHARS` of diff text (a file left out says
+why in ``omitted``). A walk visits names in sorted order, depth first, so two walks stop at
+comparable places.
 """
 
 from __future__ import annotations
@@ -23,16 +27,23 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
+import itertools
 import os
 import posixpath
 import stat
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from .exceptions import NOT_SUPPORTED, SESSION_CONFLICT, UNSUPPORTED, OpenEnvError
 
 MAX_ENTRIES = 10_000
 """Entries (files, directories, links) one walk looks at; past them the walk stops."""
+
+MAX_DEPTH = 64
+"""Directories nested deeper than this are listed, not entered."""
+
+MAX_LISTING = 100_000
+"""A directory holding more names than this is listed, not entered (its names are not all read)."""
 
 MAX_HASH_BYTES = 256 * 1024 * 1024
 """Bytes of file content one walk hashes; files past it are compared by size and mtime."""
@@ -107,12 +118,29 @@ class Tree:
     """What one walk of a work directory found: entries by relative path (``/``-separated)."""
 
     entries: Dict[str, Entry]
-    truncated: bool = False
-    """The walk stopped at :data:`MAX_ENTRIES`."""
+    stopped_after: Optional[Tuple[str, ...]] = None
+    """Where the walk stopped at :data:`MAX_ENTRIES` (the last path taken, as its parts): it walks
+    in the order of these tuples (each directory's names sorted, depth first), so every path
+    after it was left unseen."""
+    unentered: Tuple[str, ...] = ()
+    """Directories listed but not entered (deeper than :data:`MAX_DEPTH`, or holding more than
+    :data:`MAX_LISTING` names): what is under them was left unseen."""
     unhashed: bool = False
     """Some files were past :data:`MAX_HASH_BYTES`: compared by size and modification time."""
     since: str = "reset"
     taken_at: float = dataclasses.field(default_factory=time.time)
+
+    @property
+    def truncated(self) -> bool:
+        """Part of the directory was left unseen."""
+        return self.stopped_after is not None or bool(self.unentered)
+
+    def saw(self, path: str) -> bool:
+        """Whether ``path`` lies where this walk looked (its absence then means it was not there)."""
+        if self.stopped_after is not None and tuple(path.split("/")) > self.stopped_after:
+            return False
+        # ("" is the top directory itself, when it holds too many names)
+        return not any(not directory or path.startswith(directory + "/") for directory in self.unentered)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,10 +166,11 @@ def walk(root: Any) -> Tree:
     entries: Dict[str, Entry] = {}
     top = os.open(os.fspath(root), _OPEN_DIR)
     try:
-        truncated = _walk_dir(top, "", entries, budget)
+        stopped = _walk_dir(top, "", entries, budget)
     finally:
         os.close(top)
-    return Tree(entries, truncated=truncated, unhashed=budget.unhashed)
+    last = tuple(next(reversed(entries)).split("/")) if stopped and entries else () if stopped else None
+    return Tree(entries, stopped_after=last, unentered=tuple(budget.unentered), unhashed=budget.unhashed)
 
 
 def baseline(root: Any, since: str = "reset") -> Any:
@@ -175,8 +204,9 @@ def diff(root: Any, before: Tree) -> Dict[str, Any]:
     ``modified`` entries (``path``, ``type``, ``size``, ``mode``; a link's ``target`` and
     ``outside``; a modified one's ``changes`` and ``before``), ``diffs`` (path: unified diff of
     a small text file), ``omitted`` (path: why its text diff is left out), ``since`` (``reset``
-    or ``restore``), ``baseline_time``, ``truncated`` (a walk stopped at :data:`MAX_ENTRIES`)
-    and ``unhashed`` (some files compared by size and modification time only)."""
+    or ``restore``), ``baseline_time``, ``truncated`` (a walk left part of the directory unseen:
+    past :data:`MAX_ENTRIES`, under directories it did not enter; what lies there is compared in
+    neither) and ``unhashed`` (some files compared by size and modification time only)."""
     try:
         now = walk(root)
     except OSError as exc:
@@ -186,6 +216,8 @@ def diff(root: Any, before: Tree) -> Dict[str, Any]:
     modified: List[Dict[str, Any]] = []
     texts = _Texts()
     for path in sorted(before.entries.keys() | now.entries.keys()):
+        if not (before.saw(path) and now.saw(path)):
+            continue  # past where one of the walks stopped: unknown, not added or removed
         old, new = before.entries.get(path), now.entries.get(path)
         if old is None:
             assert new is not None
@@ -241,41 +273,49 @@ class _Budget:
         self.hashed = 0
         self.text = 0
         self.unhashed = False
+        self.unentered: List[str] = []
 
 
-def _walk_dir(fd: int, prefix: str, entries: Dict[str, Entry], budget: _Budget) -> bool:
-    """Walk the directory open as ``fd``; True when the entry budget ran out."""
-    with os.scandir(fd) as listing:
-        items = sorted(listing, key=lambda item: item.name)
-    for item in items:
+def _walk_dir(fd: int, prefix: str, entries: Dict[str, Entry], budget: _Budget, depth: int = 0) -> bool:
+    """Walk the directory open as ``fd``, its names in sorted order, depth first; True when the
+    entry budget ran out."""
+    with os.scandir(fd) as listing:  # (a huge directory is not read whole: it is left unentered)
+        names = sorted(item.name for item in itertools.islice(listing, MAX_LISTING + 1))
+    if len(names) > MAX_LISTING:
+        budget.unentered.append(prefix.rstrip("/"))
+        return False
+    for name in names:
         if budget.entries >= MAX_ENTRIES:
             return True
         budget.entries += 1
-        path = prefix + item.name
+        path = prefix + name
         try:
-            info = item.stat(follow_symlinks=False)
+            info = os.stat(name, dir_fd=fd, follow_symlinks=False)
         except OSError:
             continue  # gone meanwhile
         mode = stat.S_IMODE(info.st_mode)
         if stat.S_ISLNK(info.st_mode):
             try:
-                target = os.readlink(item.name, dir_fd=fd)
+                target = os.readlink(name, dir_fd=fd)
             except OSError:
                 continue
             entries[path] = Entry("link", info.st_size, mode, target, info.st_mtime_ns)
         elif stat.S_ISDIR(info.st_mode):
             entries[path] = Entry("dir", 0, mode)
+            if depth >= MAX_DEPTH:
+                budget.unentered.append(path)
+                continue
             try:
-                child = os.open(item.name, _OPEN_DIR, dir_fd=fd)
+                child = os.open(name, _OPEN_DIR, dir_fd=fd)
             except OSError:
                 continue  # replaced (by a link, say) meanwhile: not entered
             try:
-                if _walk_dir(child, path + "/", entries, budget):
+                if _walk_dir(child, path + "/", entries, budget, depth + 1):
                     return True
             finally:
                 os.close(child)
         elif stat.S_ISREG(info.st_mode):
-            entries[path] = _file(fd, item.name, info, budget)
+            entries[path] = _file(fd, name, info, budget)
         else:
             entries[path] = Entry("other", info.st_size, mode)
     return False
