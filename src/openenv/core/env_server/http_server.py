@@ -5,7 +5,8 @@ Routes (OpenEnv 0.10): ``GET /health``, ``GET /schema``, ``GET /metadata``, ``PO
 the Task API (``/list_environments``, ``/{env_name}/splits|tasks|num_tasks|task|task_range``) and
 FastAPI's ``/docs``; extensions: ``GET /openenv/capacity`` (sessions open and the limit),
 ``GET /openenv/metrics`` (counts and each session's progress), and for a named session
-``POST /openenv/snapshot|restore|grade|trajectory|diff|agent_token`` (docs/snapshots.md, docs/roles.md). HTTP ``/reset``, ``/step`` and ``/state`` are stateless (a fresh environment per
+``POST /openenv/snapshot|restore|grade|trajectory|diff|agent_token`` (docs/snapshots.md,
+docs/roles.md). HTTP ``/reset``, ``/step`` and ``/state`` are stateless (a fresh environment per
 call) unless the request names a session created with ``openenv/session/create``: a
 ``session_id`` key in the body, or ``?session_id=`` for ``/state``. A WebSocket's own session is
 never reached this way (it is answered 404, as an unknown id).
