@@ -62,7 +62,7 @@ format: setup
 	$(PY) -m ruff format src tests envs examples bench
 	$(PY) -m ruff check --fix src tests envs examples bench
 
-bench: setup  ## throughput/latency/CPU vs a raw-websockets floor; sync hand-off; footprint; churn; resume; sandbox start-up; Gymnasium vector env vs local; --workers scaling; Ray replica; capture proxy vs a raw engine; fork vs replaying the prefix; the cost of roles
+bench: setup  ## throughput/latency/CPU vs a raw-websockets floor; sync hand-off; footprint; churn; resume; sandbox start-up; Gymnasium vector env vs local; --workers scaling; Ray replica; capture proxy vs a raw engine; fork vs replaying the prefix; the cost of roles; the cost of recording trajectories
 	$(PY) bench/bench_ws.py
 	$(PY) bench/bench_handoff.py
 	$(PY) bench/bench_footprint.py
@@ -75,6 +75,7 @@ bench: setup  ## throughput/latency/CPU vs a raw-websockets floor; sync hand-off
 	$(PY) bench/bench_capture.py
 	$(PY) bench/bench_fork.py
 	$(PY) bench/bench_roles.py
+	$(PY) bench/bench_trajectory.py
 
 train-blackjack: $(TRAIN_STAMP)  ## CPU GRPO: a tiny LM learns blackjack through the sandboxed openspiel_env (about 2 min)
 	$(PY) examples/grpo_blackjack/train.py

@@ -47,14 +47,14 @@ async def test_ws_mcp_resumes_and_a_resent_numbered_call_runs_once() -> None:
         manager = manager_of(server)
         url = f"ws://127.0.0.1:{server.port}/mcp"
         ws = await ws_connect(url, additional_headers={"X-OpenEnv-Resume": "1"})
-        session_id = ws.response.headers["x-openenv-session"]
+        session_id = ws.response.headers["x-openenv-resume-session"]
         token = ws.response.headers["x-openenv-resume-token"]
         await ws.send(add(5, 1, seq=1))
         first = json.loads(await ws.recv())
         assert first["result"]["structured_content"] == {"result": 5}
         ws.transport.abort()  # dropped without a close: the session waits for its resume
         await until(lambda: not manager.sessions()[session_id].attached)
-        headers = {"X-OpenEnv-Session": session_id, "X-OpenEnv-Resume-Token": token}
+        headers = {"X-OpenEnv-Resume-Session": session_id, "X-OpenEnv-Resume-Token": token}
         async with ws_connect(url, additional_headers=headers) as resumed:
             await resumed.send(add(5, 1, seq=1))  # the answer was lost: sent again
             assert json.loads(await resumed.recv()) == first
@@ -72,7 +72,7 @@ async def test_ws_mcp_without_the_resume_header_numbers_nothing_and_ends_with_it
     with serve(tool_app()) as server:
         manager = manager_of(server)
         async with ws_connect(f"ws://127.0.0.1:{server.port}/mcp") as ws:
-            assert "x-openenv-session" not in ws.response.headers
+            assert "x-openenv-resume-session" not in ws.response.headers
             await ws.send(rpc("tools/call", {"name": "add", "arguments": {"a": 1}}, 1))
             assert json.loads(await ws.recv())["result"]["structured_content"] == {"result": 3}
             await ws.send(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}))
@@ -98,7 +98,7 @@ async def test_an_mcp_frame_on_ws_with_its_number_runs_once() -> None:
     with serve(tool_app()) as server:
         manager = manager_of(server)
         async with ws_connect(f"ws://127.0.0.1:{server.port}/ws", additional_headers={"X-OpenEnv-Resume": "1"}) as ws:
-            session_id = ws.response.headers["x-openenv-session"]
+            session_id = ws.response.headers["x-openenv-resume-session"]
             frame = {"type": "mcp", "data": json.loads(rpc("tools/call", {"name": "add", "arguments": {"a": 4}}, 9))}
             answers = []
             for _ in range(2):

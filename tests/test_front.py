@@ -7,6 +7,7 @@ restarted while the others' sessions carry on."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -153,6 +154,89 @@ def test_a_websocket_attach_by_session_id_reaches_its_process(pool: SandboxPool)
     finally:
         for client in clients:
             client.close()
+
+
+def test_a_resumed_connection_reaches_the_process_that_holds_its_session(pool: SandboxPool) -> None:
+    """A client whose connection drops resumes its session through the front, naming it in
+    ``X-OpenEnv-Resume-Session``: the front sends that handshake to the process holding the
+    session (another would refuse it, 404, and the episode would be lost)."""
+    from openenv.testing.faults import FaultProxy
+
+    port = int(pool.base_url.rsplit(":", 1)[1])
+
+    async def main() -> None:
+        with FaultProxy(port) as p0, FaultProxy(port) as p1, FaultProxy(port) as p2, FaultProxy(port) as p3:
+            proxies = [p0, p1, p2, p3]
+            clients = [EchoEnv(base_url=proxy.base_url) for proxy in proxies]
+            try:
+                for client in clients:
+                    await client.reset()
+                held = [client._resume[0] for client in clients]  # (id, resume token)
+                assert {session_id.split("-")[0] for session_id in held} == {"w0", "w1"}
+                for number, (proxy, client) in enumerate(zip(proxies, clients, strict=True)):
+                    assert proxy.fault("reset")
+                    result = await client.step(
+                        CallToolAction(tool_name="echo_message", arguments={"message": f"r{number}"})
+                    )
+                    assert f"r{number}" in str(result.observation)
+                    assert client._resume[0] == held[number]  # resumed, not a new session
+            finally:
+                for client in clients:
+                    await client.close()
+
+    asyncio.run(main())
+    _eventually(lambda: sum(_sessions(pool.base_url).values()) == 0)  # closed: none left for the next test
+
+
+def test_a_resume_naming_its_session_in_x_openenv_resume_session_reaches_its_worker() -> None:
+    """The front over two in-process servers of this version (Unix sockets, prefixes w0 and w1):
+    a resume that names its session in ``X-OpenEnv-Resume-Session`` alone (as this version's
+    client sends it) is relayed to the server holding the session, which answers the re-sent call
+    from its record."""
+    from websockets.asyncio.client import connect as ws_connect
+
+    from .conftest import counter_app, serve
+
+    with (
+        serve(counter_app(session_id_prefix="w0"), uds=True) as w0,
+        serve(counter_app(session_id_prefix="w1"), uds=True) as w1,
+    ):
+        loop = asyncio.new_event_loop()
+        front = Front([Worker("w0"), Worker("w1")], "127.0.0.1", 0)
+        front.set_up("w0", w0.base_url)
+        front.set_up("w1", w1.base_url)
+        host, port = loop.run_until_complete(front.start())
+        thread = threading.Thread(target=loop.run_forever, daemon=True)
+        thread.start()
+        url = f"ws://{host}:{port}/ws"
+
+        async def main() -> None:
+            dropped = []
+            for delta in range(1, 5):
+                ws = await ws_connect(url, additional_headers={"X-OpenEnv-Resume": "1"})
+                granted = (
+                    ws.response.headers["x-openenv-resume-session"],
+                    ws.response.headers["x-openenv-resume-token"],
+                )
+                await ws.send(json.dumps({"type": "step", "data": {"delta": delta}, "seq": 1}))
+                dropped.append((granted, await ws.recv()))
+                ws.transport.abort()  # no close: the session waits for its resume
+            assert {granted[0].split("-")[0] for granted, _ in dropped} == {"w0", "w1"}
+            # w1's first: the front's turn among equally loaded workers would not match that order
+            for (session_id, token), answer in sorted(dropped, key=lambda each: each[0][0], reverse=True):
+                headers = {"X-OpenEnv-Resume-Session": session_id, "X-OpenEnv-Resume-Token": token}
+                async with ws_connect(url, additional_headers=headers) as resumed:
+                    await resumed.send(json.dumps({"type": "step", "data": {"delta": 100}, "seq": 1}))
+                    assert await resumed.recv() == answer  # the call's recorded answer: its own session
+                    await resumed.send('{"type":"close"}')
+
+        try:
+            asyncio.run(main())
+        finally:
+            asyncio.run_coroutine_threadsafe(front.close(), loop).result(10)
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(10)
+            loop.close()
 
 
 def test_health_reports_the_whole_pool(pool: SandboxPool) -> None:

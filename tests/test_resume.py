@@ -165,19 +165,62 @@ async def test_a_resume_with_a_wrong_token_is_refused_and_leaves_the_session_alo
             await client.step({"delta": 1})
             session_id = client._resume[0]
             for token in ("not-the-token", client._resume[1][:-1] + "x", ""):
-                headers = {"X-OpenEnv-Session": session_id, "X-OpenEnv-Resume-Token": token}
+                headers = {"X-OpenEnv-Resume-Session": session_id, "X-OpenEnv-Resume-Token": token}
                 try:
                     async with ws_connect(
                         server.base_url.replace("http", "ws") + "/ws", additional_headers=headers
                     ) as ws:
                         # an empty token is no resume at all: a session of its own
-                        assert token == "" and "x-openenv-session" not in ws.response.headers
+                        assert token == "" and "x-openenv-resume-session" not in ws.response.headers
                 except InvalidStatus as exc:
                     assert exc.response.status_code == 403
                     assert b"cannot be resumed with this resume token" in exc.response.body
             assert proxy.fault("reset")  # the real client still resumes it
             assert (await client.step({"delta": 1})).observation["value"] == 2
             assert (await client.state())["step_count"] == 2
+        await until(lambda: manager.active_sessions == 0)
+
+
+async def test_a_client_made_before_the_rename_resumes_under_the_deprecated_header_name():
+    """``X-OpenEnv-Session`` was the name of ``X-OpenEnv-Resume-Session``: the server still
+    answers the session's id under it and takes it in a resume."""
+    with serve(counter_app()) as server:
+        manager = manager_of(server)
+        url = server.base_url.replace("http", "ws") + "/ws"
+        async with ws_connect(url, additional_headers={"X-OpenEnv-Resume": "1"}) as ws:
+            session_id = ws.response.headers["x-openenv-session"]
+            assert session_id == ws.response.headers["x-openenv-resume-session"]
+            token = ws.response.headers["x-openenv-resume-token"]
+            await ws.send('{"type":"step","data":{"delta":5},"seq":1}')
+            first = await ws.recv()
+            ws.transport.abort()
+        await until(lambda: not manager.sessions()[session_id].attached)
+        headers = {"X-OpenEnv-Session": session_id, "X-OpenEnv-Resume-Token": token}
+        async with ws_connect(url, additional_headers=headers) as resumed:
+            await resumed.send('{"type":"step","data":{"delta":5},"seq":1}')
+            assert await resumed.recv() == first  # answered from the record: the same session
+            await resumed.send('{"type":"close"}')
+        await until(lambda: manager.active_sessions == 0)
+
+
+async def test_the_client_resumes_a_server_from_before_the_rename_by_the_old_header(monkeypatch):
+    """A server that names the session in ``X-OpenEnv-Session`` alone (as before the rename) is
+    resumed by that header."""
+    from openenv.core.env_server import resume
+
+    def old_grant(record: Any) -> list:
+        return [(b"x-openenv-session", record.session_id.encode()), (b"x-openenv-resume-token", record.token.encode())]
+
+    monkeypatch.setattr(resume, "handshake_grant", old_grant)
+    with serve(counter_app()) as server, FaultProxy(server.port) as proxy:
+        manager = manager_of(server)
+        async with GenericEnvClient(base_url=proxy.base_url) as client:
+            await client.reset()
+            await client.step({"delta": 1})
+            session_id = client._resume[0]
+            assert proxy.fault("reset")
+            assert (await client.step({"delta": 1})).observation["value"] == 2
+            assert client._resume[0] == session_id
         await until(lambda: manager.active_sessions == 0)
 
 
@@ -200,7 +243,7 @@ async def drop_after_one_call(url: str) -> Tuple[str, str]:
     """Open a resumable ``/ws``, make one call and drop the connection (no close): the session
     then waits for a resume. Returns its id and resume token."""
     async with ws_connect(url, additional_headers={"X-OpenEnv-Resume": "1"}) as ws:
-        granted = ws.response.headers["x-openenv-session"], ws.response.headers["x-openenv-resume-token"]
+        granted = ws.response.headers["x-openenv-resume-session"], ws.response.headers["x-openenv-resume-token"]
         await ws.send('{"type":"reset","data":{},"seq":1}')
         await ws.recv()
         ws.transport.abort()
@@ -210,7 +253,7 @@ async def drop_after_one_call(url: str) -> Tuple[str, str]:
 async def resume_briefly(url: str, session: Tuple[str, str], call: Optional[str] = None) -> Optional[Any]:
     """Resume ``session`` (id, token), send ``call`` (a frame) if given and read its answer, then
     drop the connection again; returns None, or the refused handshake's response."""
-    headers = {"X-OpenEnv-Session": session[0], "X-OpenEnv-Resume-Token": session[1]}
+    headers = {"X-OpenEnv-Resume-Session": session[0], "X-OpenEnv-Resume-Token": session[1]}
     try:
         async with ws_connect(url, additional_headers=headers) as ws:
             if call is not None:
@@ -311,7 +354,7 @@ async def test_a_client_that_does_not_opt_in_gets_todays_sessions():
     with serve(counter_app()) as server:
         manager = manager_of(server)
         async with ws_connect(server.base_url.replace("http", "ws") + "/ws") as ws:
-            assert "x-openenv-session" not in ws.response.headers
+            assert "x-openenv-resume-session" not in ws.response.headers
             await ws.send('{"type":"reset","data":{}}')
             await ws.recv()
             await ws.send('{"type":"step","data":{"delta":1},"seq":1}')
@@ -380,7 +423,7 @@ async def test_a_connection_that_drops_before_its_first_call_does_not_hold_its_s
         manager = manager_of(server)
         headers = {"X-OpenEnv-Resume": "1"}
         async with ws_connect(server.base_url.replace("http", "ws") + "/ws", additional_headers=headers) as ws:
-            session_id = ws.response.headers["x-openenv-session"]
+            session_id = ws.response.headers["x-openenv-resume-session"]
             await until(lambda: session_id in manager.sessions())  # (built after the handshake)
             ws.transport.abort()
         await until(lambda: manager.active_sessions == 0, timeout=2)

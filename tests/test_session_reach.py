@@ -204,7 +204,7 @@ async def add_one(client: GenericEnvClient) -> None:
 @pytest.mark.parametrize("phase", ["attached", "waiting for its resume"])
 @pytest.mark.parametrize("attack", ATTACKS, ids=lambda attack: attack.__name__)
 async def test_a_resumable_sockets_session_cannot_be_reached_by_its_id(server, attack, phase):
-    """The id comes back in the victim's own handshake (``X-OpenEnv-Session``): with it alone the
+    """The id comes back in the victim's own handshake (``X-OpenEnv-Resume-Session``): with it alone the
     attacker neither steps, reads, resets nor closes the session; the victim then carries on (and
     resumes, when its connection had dropped) with its environment as it left it."""
     manager = manager_of(server)

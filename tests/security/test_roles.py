@@ -106,6 +106,9 @@ OPERATIONS = [
     "call agent tool",
     "call grader tool",
     "grade",
+    "trajectory",
+    "diff",
+    "metrics",
 ]
 Y, N = True, False
 EXPECTED: Dict[str, Tuple[bool, ...]] = {
@@ -121,6 +124,9 @@ EXPECTED: Dict[str, Tuple[bool, ...]] = {
     "call agent tool": (Y, N, N, Y, N, N, N, N),
     "call grader tool": (Y, Y, N, N, N, N, N, N),
     "grade": (Y, Y, N, N, N, N, N, N),
+    "trajectory": (Y, Y, N, N, N, N, N, N),
+    "diff": (Y, Y, N, N, N, N, N, N),
+    "metrics": (Y, Y, Y, N, N, N, N, N),
 }
 """Who may do what on session A (an agent credential of A, one of B, one of a closed session C)."""
 
@@ -170,6 +176,12 @@ class Matrix:
                 r = self.http.post("/openenv/agent_token", json={"session_id": s}, headers=h)
             elif op == "grade":
                 r = self.http.post("/openenv/grade", json={"session_id": s}, headers=h)
+            elif op in ("trajectory", "diff"):
+                r = self.http.post(f"/openenv/{op}", json={"session_id": s}, headers=h)
+                if op == "diff" and "declares no workspace" in r.json().get("detail", ""):
+                    return True  # it ran: QuizEnv declares no workspace, and says so
+            elif op == "metrics":
+                r = self.http.get("/openenv/metrics", headers=h)
             elif op == "metadata":
                 r = self.http.get("/metadata", headers=h)
             elif op == "create":
@@ -198,10 +210,15 @@ class Matrix:
             "snapshot": "openenv/session/snapshot",
             "mint": "openenv/session/agent_token",
             "create": "openenv/session/create",
+            "trajectory": "openenv/session/trajectory",
+            "diff": "openenv/session/diff",
+            "metrics": "openenv/metrics",
         }.get(op)
         if method is None:
             return self.allowed(who, op, "http")  # reset/step/state/metadata: HTTP routes only
         r = self.rpc(who, method, mcp_session=agentish)
+        if op == "diff" and "declares no workspace" in r.json().get("error", {}).get("message", ""):
+            return True  # it ran: QuizEnv declares no workspace, and says so
         return r.status_code == 200 and "error" not in r.json()
 
 

@@ -15,6 +15,9 @@ episode's own state: the task, the :class:`ShellState` (step count, budget, subm
 whether the episode is over and the generator that picks tasks. Restoring rebuilds the work
 directory in a fresh directory (the old one is removed). The tool set, the task list and the
 isolation are the server's and stay the restoring server's.
+
+The work directory is declared (:meth:`ShellEnvironment.workspace_dir`): the server walks it after
+each reset and answers a grader's diff since then (``POST /openenv/diff``, docs/roles.md).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 from uuid import uuid4
 
@@ -222,6 +226,10 @@ class ShellEnvironment(MCPEnvironment):
     @property
     def state(self) -> ShellState:
         return self._state
+
+    def workspace_dir(self) -> Path:
+        """The work directory (for the grader's diff since the reset: ``POST /openenv/diff``)."""
+        return self.workspace.path
 
     # --- snapshots -------------------------------------------------------------------------------
 

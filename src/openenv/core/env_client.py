@@ -50,9 +50,10 @@ from .client_errors import (
 )
 from .client_types import Snapshot, StepResult, Usage
 from .env_server.resume import (
+    LEGACY_SESSION_HEADER,
     RESUME_HEADER,
+    RESUME_SESSION_HEADER,
     SEQ_KEY,
-    SESSION_HEADER,
     STOPPING_CLOSE_CODE,
     STOPPING_REASON,
     TOKEN_HEADER,
@@ -158,6 +159,7 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         self._headers = dict(headers or {})
         self._reconnect_timeout_s = reconnect_timeout_s
         self._resume: Optional[Tuple[str, str]] = None  # the session's id and resume token, if offered
+        self._resume_header = RESUME_SESSION_HEADER  # the header the server named the session in
         self._seq = 0  # the number of the last call sent on the session
         self._ws: Any = None
         self._ws_loop: Optional[asyncio.AbstractEventLoop] = None
@@ -557,8 +559,11 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         self._ws, self._ws_loop = ws, loop
         _closed_at_exit(self)
         answer = ws.response.headers
-        session_id, token = answer.get(SESSION_HEADER), answer.get(TOKEN_HEADER)
+        # (a server from before the rename names the session in the old header: resumed by that one)
+        named = RESUME_SESSION_HEADER if RESUME_SESSION_HEADER in answer else LEGACY_SESSION_HEADER
+        session_id, token = answer.get(named), answer.get(TOKEN_HEADER)
         self._resume = (session_id, token) if session_id and token else None
+        self._resume_header = named
         self._seq = 0
         return ws
 
@@ -569,7 +574,7 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         session_id, token = self._resume
         endpoint = self._endpoint
         url = endpoint.ws_url + self._ws_path()
-        headers = {**self._headers, SESSION_HEADER: session_id, TOKEN_HEADER: token}
+        headers = {**self._headers, self._resume_header: session_id, TOKEN_HEADER: token}
         self._abandon_socket()
         try:
             ws = await self._redial(endpoint, url, headers, lambda exc: _refusal(exc) is None)
@@ -651,7 +656,7 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
             # The close may not have reached the server (the connection dropped): resume the
             # session to close it, rather than leave it holding a slot for its grace period.
             endpoint = self._endpoint
-            headers = {**self._headers, SESSION_HEADER: resume[0], TOKEN_HEADER: resume[1]}
+            headers = {**self._headers, self._resume_header: resume[0], TOKEN_HEADER: resume[1]}
             try:
                 ws = await self._redial(endpoint, endpoint.ws_url + self._ws_path(), headers, _cut_short)
             except Exception:

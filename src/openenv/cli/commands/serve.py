@@ -1,28 +1,35 @@
-"""``openenv serve``: run an environment package's server, sandboxed, behind a TCP address."""
+"""``openenv serve``: run an environment package's server, sandboxed, behind a TCP address.
+
+The command reads its options, makes the server's environment (:func:`_server_env`) and runs a
+:class:`~openenv.core.containers.runtime.package_server.PackageServer`, printing what it reports
+and its failures with what to do about them."""
 
 from __future__ import annotations
 
 import ast
-import asyncio
 import errno
 import importlib.util
 import ipaddress
 import os
 import secrets
-import signal
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, ContextManager, Dict, List, Optional
 
 import typer
 
 from openenv.cli._common import CLIError, err, load_package, styled
 from openenv.core.checks.dependencies import missing_module_help
+from openenv.core.containers.runtime.package_server import (
+    CannotListen,
+    PackageServer,
+    Reporter,
+    SandboxUnavailable,
+    ServeError,
+)
 from openenv.core.env_server.settings import read as read_setting
 from openenv.core.manifest import EnvManifest
 from openenv.core.utils import is_local_host
-
-_WATCH_SUFFIXES = (".py", ".yaml", ".yml", ".json", ".toml", ".txt")
 
 
 def register(app: typer.Typer) -> None:
@@ -92,9 +99,23 @@ def register(app: typer.Typer) -> None:
                 "develop with one (drop --workers), serve with many (drop --reload)"
             )
         manifest = load_package(path, by_name=True)
-        env_vars = _server_env(host, env, max_sessions, web)
-        server = _Serve(manifest, host, port, sandbox, reload, env_vars, network, memory_mb, workers)
-        raise typer.Exit(server.run())
+        server = PackageServer(
+            manifest,
+            host,
+            port,
+            sandbox=sandbox,
+            reload=reload,
+            env_vars=_server_env(host, env, max_sessions, web),
+            network=network,
+            memory_mb=memory_mb,
+            workers=workers,
+            reporter=_Console(),
+        )
+        try:
+            status = server.run()
+        except ServeError as exc:
+            raise _cli_error(exc, manifest) from None
+        raise typer.Exit(status)
 
 
 _TOKEN_VARIABLES = (
@@ -152,224 +173,31 @@ def _parse_env(pairs: List[str]) -> Dict[str, str]:
     return values
 
 
-class _Serve:
-    def __init__(
-        self,
-        manifest: EnvManifest,
-        host: str,
-        port: int,
-        sandbox: bool,
-        reload: bool,
-        env_vars: Dict[str, str],
-        network: bool,
-        memory_mb: int,
-        workers: int = 1,
-    ) -> None:
-        self.manifest = manifest
-        self.workers = workers
-        self.host, self.port = host, port
-        self.sandbox, self.reload = sandbox, reload
-        self.env_vars, self.network, self.memory_mb = env_vars, network, memory_mb
-        self.provider = None
-        self.pool = None
-        self._log_offsets: Dict[Path, int] = {}
+class _Console(Reporter):
+    """What the command tells its user while it serves: on stderr, but the URL and the client
+    snippet, which go to stdout."""
 
-    # --- the server in its sandbox ---------------------------------------------------------------
+    def starting(self, server: PackageServer) -> ContextManager[Any]:
+        mode = "sandboxed" if server.sandbox else "WITHOUT isolation"
+        if server.workers > 1:
+            return err.status(styled("Starting {} processes of {} ({})...", server.workers, server.manifest.name, mode))
+        return err.status(styled("Starting {} ({})...", server.manifest.name, mode))
 
-    def _options(self) -> Dict[str, object]:
-        return {
-            "isolation": "sandbox" if self.sandbox else "none",
-            "network": self.network,
-            "memory_mb": self.memory_mb,
-            "env_vars": self.env_vars,
-            # Warm starts fork from a warden that holds the framework, never the package: a
-            # reloaded server imports the changed code.
-            "warm": True,
-            "log_level": "info",
-        }
-
-    def _new_provider(self):
-        from openenv.core.containers.runtime import SandboxPool, SandboxProvider
-        from openenv.core.containers.runtime.isolation import IsolationError
-
-        try:
-            if self.workers > 1:
-                return SandboxPool(
-                    str(self.manifest.path), self.workers, host=self.host, port=self.port, **self._options()
-                )
-            return SandboxProvider(str(self.manifest.path), **self._options())
-        except IsolationError as exc:
-            raise CLIError(f"{exc}\n(or serve without isolation: --no-sandbox)") from None
-
-    def _start_provider(self):
-        provider = self._new_provider()
-        try:
-            provider.start()
-            provider.wait_for_ready(60)
-        except BaseException as exc:
-            provider.stop()
-            if isinstance(exc, (RuntimeError, TimeoutError, OSError)):
-                raise self._did_not_start(exc) from None
-            raise
-        return provider
-
-    def _did_not_start(self, exc: BaseException) -> CLIError:
-        """The server's failure to start, with what to do when a module is missing."""
-        message = str(exc)
-        advice = missing_module_help(message, self.manifest.name, self.manifest.path)
-        return CLIError(f"{message}\n{advice}" if advice else message)
-
-    # --- the TCP front ----------------------------------------------------------------------------
-
-    def run(self) -> int:
-        try:
-            return asyncio.run(self._main())
-        except KeyboardInterrupt:
-            return 130
-
-    async def _main(self) -> int:
-        if self.workers > 1:
-            return await self._main_pool()
-        from openenv.core.containers.runtime.forward import UnixForwarder
-
-        loop = asyncio.get_running_loop()
-        # No server yet: until retarget(), a client is told that it is starting.
-        forwarder = UnixForwarder(None, self.host, self.port)
-        try:
-            host, port = await forwarder.start()  # the port first: fail before starting anything
-        except OSError as exc:
-            raise self._cannot_listen(exc) from None
-        stop = asyncio.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        watcher: Optional[asyncio.Task] = None
-        try:
-            mode = "sandboxed" if self.sandbox else "WITHOUT isolation"
-            with err.status(styled("Starting {} ({})...", self.manifest.name, mode)):
-                self.provider = await loop.run_in_executor(None, self._start_provider)
-            forwarder.retarget(self.provider.base_url)
-            self._announce(host, port)
-            follower = asyncio.ensure_future(self._follow_log())
-            if self.reload:
-                watcher = asyncio.ensure_future(self._watch(forwarder))
-            await stop.wait()
-            follower.cancel()
-            self._copy_log()  # what the server said last
-            err.print("Stopping...")
-            return 0
-        finally:
-            if watcher is not None:
-                watcher.cancel()
-            await forwarder.close()
-            if self.provider is not None:
-                await loop.run_in_executor(None, self.provider.stop)
-                err.print("Stopped.")  # (a server that never started says why instead)
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
-
-    def _cannot_listen(self, exc: OSError) -> CLIError:
-        if exc.errno == errno.EADDRINUSE:
-            return CLIError(f"port {self.port} on {self.host} is in use; pick another with --port (0 picks a free one)")
-        return CLIError(f"cannot listen on {self.host}:{self.port}: {exc}")
-
-    async def _main_pool(self) -> int:
-        """``--workers N``: a :class:`SandboxPool` binds the address and runs the workers."""
-        loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        self.pool = self._new_provider()
-        started = False
-        try:
-            mode = "sandboxed" if self.sandbox else "WITHOUT isolation"
-            with err.status(styled("Starting {} processes of {} ({})...", self.workers, self.manifest.name, mode)):
-                try:
-                    await loop.run_in_executor(None, self.pool.start)
-                except OSError as exc:
-                    raise self._cannot_listen(exc) from None
-                except (RuntimeError, TimeoutError) as exc:
-                    raise self._did_not_start(exc) from None
-            started = True
-            self._announce(*self.pool.front.address)
-            follower = asyncio.ensure_future(self._follow_log())
-            await stop.wait()
-            follower.cancel()
-            self._copy_log()
-            err.print("Stopping...")
-            return 0
-        finally:
-            await loop.run_in_executor(None, self.pool.stop)
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
-            if started:
-                err.print("Stopped.")
-
-    async def _follow_log(self) -> None:
-        """Copy the servers' logs to stderr as they grow (across reloads and restarts)."""
-        while True:
-            self._copy_log()
-            await asyncio.sleep(0.2)
-
-    def _copy_log(self) -> None:
-        from openenv.core.containers.runtime.sandbox import read_log
-
-        providers = list(self.pool.providers.items()) if self.pool is not None else [("", self.provider)]
-        paths = {p.log_path: name for name, p in providers if p is not None and p.log_path is not None}
-        self._log_offsets = {path: self._log_offsets.get(path, 0) for path in paths}  # forget stopped ones
-        for path, name in paths.items():
-            offset = self._log_offsets[path]
-            chunk, size = read_log(path, offset)
-            if size < offset:
-                offset = 0  # the log reached its bound and started over
-                chunk, size = read_log(path, 0)
-            complete = chunk.rfind(b"\n") + 1  # whole lines only
-            if complete:
-                self._log_offsets[path] = offset + complete
-                text = chunk[:complete].decode(errors="replace")
-                if name:  # which worker said it
-                    text = "".join(f"[{name}] {line}" for line in text.splitlines(keepends=True))
-                sys.stderr.write(text)
-                sys.stderr.flush()
-
-    async def _watch(self, forwarder) -> None:
-        from watchfiles import awatch
-
-        loop = asyncio.get_running_loop()
-
-        def relevant(_change, changed: str) -> bool:
-            return "__pycache__" not in changed and changed.endswith(_WATCH_SUFFIXES)
-
-        async for changes in awatch(str(self.manifest.path), watch_filter=relevant):
-            names = ", ".join(sorted({os.path.relpath(p, self.manifest.path) for _, p in changes}))
-            err.print(styled("[yellow]Changed:[/] {}; restarting the server...", names))
-            try:
-                fresh = await loop.run_in_executor(None, self._start_provider)
-            except CLIError as exc:
-                err.print(
-                    styled("[bold red]The changed code does not start[/] (still serving the previous one):\n{}", exc)
-                )
-                continue
-            old, self.provider = self.provider, fresh
-            forwarder.retarget(fresh.base_url)
-            if old is not None:
-                await loop.run_in_executor(None, old.stop)
-            err.print(styled("[green]Reloaded.[/]"))
-
-    def _announce(self, host: str, port: int) -> None:
+    def serving(self, server: PackageServer, host: str, port: int) -> None:
         shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
         url = f"http://{shown}:{port}"
         isolation = (
-            f"sandboxed: {'with' if self.network else 'no'} network, {self.memory_mb} MiB memory limit"
-            if self.sandbox
+            f"sandboxed: {'with' if server.network else 'no'} network, {server.memory_mb} MiB memory limit"
+            if server.sandbox
             else "NOT isolated: it can reach this machine's files and network"
         )
-        workers = f", {self.workers} processes" if self.workers > 1 else ""
+        workers = f", {server.workers} processes" if server.workers > 1 else ""
         err.print(
-            styled("[bold green]Serving[/] {} at [bold]{}[/] ({}{})", self.manifest.name, url, isolation, workers)
+            styled("[bold green]Serving[/] {} at [bold]{}[/] ({}{})", server.manifest.name, url, isolation, workers)
         )
-        if self.env_vars.get("ENABLE_WEB_INTERFACE", "").lower() in ("1", "true", "yes", "on"):
+        if server.env_vars.get("ENABLE_WEB_INTERFACE", "").lower() in ("1", "true", "yes", "on"):
             err.print(styled("Play it in a browser: [bold]{}/web/[/]", url))
-        token = self.env_vars.get("OPENENV_AUTH_TOKEN")
+        token = server.env_vars.get("OPENENV_AUTH_TOKEN")
         if token:
             err.print(
                 styled(
@@ -384,8 +212,43 @@ class _Serve:
                 )
             )
         err.print("Paste this into Python to use it (Ctrl-C here stops the server):\n")
-        sys.stdout.write(f"{url}\n\n{client_snippet(self.manifest.path, url)}\n\n")
+        sys.stdout.write(f"{url}\n\n{client_snippet(server.manifest.path, url)}\n\n")
         sys.stdout.flush()
+
+    def changed(self, server: PackageServer, names: List[str]) -> None:
+        err.print(styled("[yellow]Changed:[/] {}; restarting the server...", ", ".join(names)))
+
+    def reload_failed(self, server: PackageServer, error: ServeError) -> None:
+        err.print(
+            styled(
+                "[bold red]The changed code does not start[/] (still serving the previous one):\n{}",
+                _cli_error(error, server.manifest),
+            )
+        )
+
+    def reloaded(self, server: PackageServer) -> None:
+        err.print(styled("[green]Reloaded.[/]"))
+
+    def stopping(self, server: PackageServer) -> None:
+        err.print("Stopping...")
+
+    def stopped(self, server: PackageServer) -> None:
+        err.print("Stopped.")
+
+
+def _cli_error(error: ServeError, manifest: EnvManifest) -> CLIError:
+    """``error`` with what to do about it, in the command's words."""
+    if isinstance(error, SandboxUnavailable):
+        return CLIError(f"{error}\n(or serve without isolation: --no-sandbox)")
+    if isinstance(error, CannotListen):
+        if error.error.errno == errno.EADDRINUSE:
+            return CLIError(
+                f"port {error.port} on {error.host} is in use; pick another with --port (0 picks a free one)"
+            )
+        return CLIError(str(error))
+    message = str(error)
+    advice = missing_module_help(message, manifest.name, manifest.path)  # a module it could not import
+    return CLIError(f"{message}\n{advice}" if advice else message)
 
 
 # --- the client snippet ---------------------------------------------------------------------------

@@ -16,6 +16,9 @@ API (:mod:`.http_server`), JSON-RPC over ``POST /mcp`` and inside ``/ws`` frames
 * **MCP**: whether the environment answers tools itself (an ``MCPEnvironment``) or takes MCP
   actions as steps;
 * snapshots: sealing a session's state and loading one back (:mod:`.snapshots`);
+* the grader's reads of a session: its trajectory since its reset (:mod:`.trajectory`, recorded by
+  the session manager) and what changed in its work directory (:mod:`.workspace_diff`); the
+  server's metrics;
 * the Task API, the environment's metadata and the JSON schemas.
 
 What a transport still owns is what belongs to its wire: framing and parsing, which of its
@@ -27,10 +30,11 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any, Awaitable, Callable, Dict, Optional, Tuple, Type
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple, Type
 
 import pydantic
 
+from . import workspace_diff
 from .exceptions import (
     NOT_SUPPORTED,
     SESSION_CONFLICT,
@@ -53,11 +57,14 @@ from .roles import ALLOWED, OPEN, AgentCredentials, ForbiddenError, Principal, R
 from .serialization import to_jsonable
 from .sessions import Session, SessionKind, SessionManager
 from .snapshots import RestoreFailedError, SnapshotSeal
+from .trajectory import render as render_trajectory
 from .types import Action, EnvironmentMetadata, Observation, SchemaResponse, State
 
 MCP_ACTION_CLASSES = (CallToolAction, ListToolsAction)
 
-_PRIVILEGED = frozenset({"session/create", "session/close", "snapshot", "restore", "agent/mint", "grade"})
+_PRIVILEGED = frozenset(
+    {"session/create", "session/close", "snapshot", "restore", "agent/mint", "grade", "trajectory", "diff"}
+)
 """Operations an orchestrator makes that leave an audit line (on a server with roles)."""
 
 
@@ -84,6 +91,9 @@ class Op:
     GRADE = "grade"  # answers the environment's grade() of a copy of the session
     SCHEMA = "schema"  # answers the JSON schemas (FastAPI's docs and /list_environments ask it too)
     CAPACITY = "capacity"  # answers the sessions open and the limit
+    TRAJECTORY = "trajectory"  # answers the session's trajectory since its last reset (see .trajectory)
+    DIFF = "diff"  # answers what changed in the session's work directory since then (see .workspace_diff)
+    METRICS = "metrics"  # answers the server's counts and each session's progress
 
 
 _ON_ENVIRONMENT = frozenset(
@@ -98,11 +108,13 @@ _ON_ENVIRONMENT = frozenset(
         Op.RESTORE,
         Op.MINT_AGENT,
         Op.GRADE,
+        Op.TRAJECTORY,
+        Op.DIFF,
     }
 )
 """Operations that run on a session's environment (a throw-away one when the call names none)."""
 
-_OF_A_SESSION = frozenset({Op.SNAPSHOT, Op.RESTORE, Op.MINT_AGENT, Op.GRADE})
+_OF_A_SESSION = frozenset({Op.SNAPSHOT, Op.RESTORE, Op.MINT_AGENT, Op.GRADE, Op.TRAJECTORY, Op.DIFF})
 """Operations meaningless on a throw-away environment: a call of one names its session."""
 
 
@@ -169,6 +181,8 @@ class Dispatcher:
             Op.RESTORE: self._restore,
             Op.MINT_AGENT: self._mint_agent,
             Op.GRADE: self._grade,
+            Op.TRAJECTORY: self._trajectory,
+            Op.DIFF: self._diff,
         }
 
     # --- the one entry -------------------------------------------------------------------------
@@ -271,6 +285,42 @@ class Dispatcher:
 
             return await self.manager.call(copy, "grade", grade)
 
+    async def _trajectory(self, session: Session, _: Any) -> Dict[str, Any]:
+        """The session's trajectory (:mod:`.trajectory`): its entries are taken here, on the
+        loop, and rendered as JSON in a worker thread (thousands of them take a while)."""
+        trajectory = session.trajectory
+        if trajectory is None:
+            raise NoRecordingError()
+        rows, truncated = trajectory.rows()
+        rendered = await self.manager.pool.run(render_trajectory, rows, truncated)
+        return {"session_id": session.id, **rendered}
+
+    async def _diff(self, session: Session, _: Any) -> Dict[str, Any]:
+        """What changed in the session's work directory since its last reset or restore
+        (:mod:`.workspace_diff`), walked in the pool under the session's lock."""
+        traits = session.traits
+        if traits is None or not traits.workspace:
+            name = type(session.env).__name__ if session.env is not None else self.env_name
+            raise workspace_diff.NoWorkspaceError(name)
+
+        def compare(env: Any) -> Dict[str, Any]:
+            before = session.baseline  # (read under the session's lock: the last reset's, or restore's)
+            if before is None:
+                raise workspace_diff.NoBaselineError(
+                    f"Session {session.id} has not been reset since it was made: its work directory has "
+                    "no baseline to compare with; reset it first"
+                )
+            if isinstance(before, workspace_diff.Unavailable):
+                raise workspace_diff.NoBaselineError(
+                    f"Session {session.id} has no baseline to compare with: {before.why}"
+                )
+            root = env.workspace_dir()
+            if root is None:
+                raise workspace_diff.NoWorkspaceError(type(env).__name__)
+            return workspace_diff.diff(root, before)
+
+        return {"session_id": session.id, **await self.manager.call(session, "diff", compare)}
+
     def _mint_agent(self, session: Session, _: Any) -> Awaitable[Dict[str, Any]]:
         credential = self.agents.mint(session.id, session.agent_nonce)
         return _done(credential)
@@ -304,6 +354,8 @@ class Dispatcher:
             return self.schema()
         if op == Op.CAPACITY:
             return {"active_sessions": self.manager.active_sessions, "max_sessions": self.manager.max_sessions}
+        if op == Op.METRICS:
+            return self.manager.metrics()
         if op == Op.TASK:
             return await self._task(*call.payload)
         raise ValueError(f"unknown operation {op!r}")
@@ -387,11 +439,22 @@ class Dispatcher:
         whose ``restore_state`` fails is discarded (the session's next call gets a fresh one)."""
         seal = self.snapshots
         seal.check_size(blob)  # before the session is waited for
+        workspace = session.traits is not None and session.traits.workspace
+        taken: List[Any] = []
+
+        def load(env: Any) -> Any:
+            state = seal.restore(env, blob)
+            if workspace:  # the grader's diff now compares with the restored work directory
+                taken.append(workspace_diff.baseline_of(env, "restore"))
+            return state
+
         try:
-            return await self.manager.call(session, "restore", lambda env: seal.restore(env, blob))
+            state = await self.manager.call(session, "restore", load)
         except RestoreFailedError as exc:
             self.manager.discard_env(session)
             raise EnvironmentCallError(exc.__cause__ or exc) from exc
+        self.manager.restored(session, taken[-1] if taken else None)
+        return state
 
     async def _list_tools(self, session: Session, scope: Any) -> list:
         assert session.traits is not None
@@ -416,7 +479,12 @@ class Dispatcher:
             return ToolResult(observation.model_dump(mode="json"), observation=True)
         try:
             result = await self.manager.call(
-                session, "tools/call", None, lambda env: env.call_tool_payload(name, arguments), step=True
+                session,
+                "tools/call",
+                None,
+                lambda env: env.call_tool_payload(name, arguments),
+                step=True,
+                record=payload,
             )
         except ToolCallFailed:
             session.touch(step=True)  # a failed call is a step too
@@ -428,6 +496,18 @@ class Dispatcher:
         if not self.takes_mcp_actions:
             raise NoMCPError("Environment does not support MCP")
         return await self.manager.step(session, action)
+
+
+class NoRecordingError(OpenEnvError):
+    """``trajectory`` on a server that records none."""
+
+    kind = NOT_SUPPORTED
+
+    def __init__(self) -> None:
+        super().__init__(
+            "This server records no trajectories: set OPENENV_MAX_TRAJECTORY_STEPS (10000, say) or "
+            "give it a grader's token (OPENENV_GRADER_TOKEN), which turns recording on"
+        )
 
 
 class NoGraderError(OpenEnvError):

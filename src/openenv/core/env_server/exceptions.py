@@ -1,11 +1,23 @@
 """Server-side exceptions, and the one table of how each is answered.
 
-Every OpenEnv error type carries an :class:`ErrorKind` (the table below): its ``/ws`` error code, its
-HTTP status, its JSON-RPC code and, when it ends a WebSocket before a session exists, the close code.
-Each transport has one renderer that reads it (:func:`kind_of` for any exception): the ``/ws`` error
-frame (:func:`.serialization.error_frame_of`), the HTTP JSON error (:func:`.edges.middleware.http_error`,
-also the playground's) and the JSON-RPC error (:func:`.transports.mcp.rpc_error`, also ``WS /mcp``'s). ``details()`` are the extra fields an answer carries (``timeout_s``,
-``max_sessions``, ...): in the ``/ws`` frame's ``data`` and the JSON-RPC error's ``data``.
+Every OpenEnv error type carries an :class:`ErrorKind` (the table below): its ``/ws`` error code,
+its HTTP status, its JSON-RPC code, and the close code of a WebSocket it ends before the socket's
+session exists. :func:`kind_of` gives any exception's kind. What reads it:
+
+* ``/ws`` error frames: :func:`.serialization.error_frame_of` (the handler's, and those the
+  transport guard of :mod:`._compat.uvicorn` writes itself);
+* HTTP errors, ``{"detail", "code"}``: :func:`.edges.middleware.http_error` (the routes' and the
+  playground's), and :func:`.edges.middleware.refuse` for a request the edges refuse before any
+  route sees it (too large, the server busy, invalid JSON: a JSON-RPC error on ``/mcp``). The
+  Task API's refusals (:class:`TaskRefusedError`) answer ``{"detail"}`` alone, as upstream's do;
+* JSON-RPC errors: :func:`.transports.mcp.rpc_error` (``POST /mcp`` and ``WS /mcp``);
+* a WebSocket: a resume refused is answered on the handshake with the kind's HTTP status; a
+  session that cannot be opened gets its error (a frame, or a JSON-RPC error on ``WS /mcp``) and
+  the kind's close code.
+
+``details()`` are the extra fields an answer carries (``timeout_s``, ``max_sessions``, ...): in the
+``/ws`` frame's ``data`` and the JSON-RPC error's ``data``; an HTTP error carries ``detail`` and
+``code`` only.
 """
 
 from __future__ import annotations

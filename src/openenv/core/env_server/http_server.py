@@ -3,7 +3,10 @@
 Routes (OpenEnv 0.10): ``GET /health``, ``GET /schema``, ``GET /metadata``, ``POST /reset``,
 ``POST /step``, ``GET /state`` (simulation mode only), ``WS /ws``, ``POST /mcp`` and ``WS /mcp``,
 the Task API (``/list_environments``, ``/{env_name}/splits|tasks|num_tasks|task|task_range``) and
-FastAPI's ``/docs``; an extension, ``GET /openenv/capacity`` (sessions open and the limit). HTTP ``/reset``, ``/step`` and ``/state`` are stateless (a fresh environment per
+FastAPI's ``/docs``; extensions: ``GET /openenv/capacity`` (sessions open and the limit),
+``GET /openenv/metrics`` (counts and each session's progress), and for a named session
+``POST /openenv/snapshot|restore|grade|trajectory|diff|agent_token`` (docs/snapshots.md,
+docs/roles.md). HTTP ``/reset``, ``/step`` and ``/state`` are stateless (a fresh environment per
 call) unless the request names a session created with ``openenv/session/create``: a
 ``session_id`` key in the body, or ``?session_id=`` for ``/state``. A WebSocket's own session is
 never reached this way (it is answered 404, as an unknown id).
@@ -150,18 +153,7 @@ class HTTPEnvServer(UpstreamServerNames):
         limits = settings.limits
         self.budget = InFlightBudget(limits.max_inflight_bytes)
         """The bytes in flight of all clients together (large frames and request bodies)."""
-        self.manager = SessionManager(
-            env,
-            max_sessions=concurrency_config.max_concurrent_envs,
-            session_timeout_s=concurrency_config.session_timeout,
-            step_timeout_s=settings.step_timeout_s,
-            worker_threads=settings.worker_threads,
-            attached_idle_timeout_s=limits.session_idle_timeout_s or None,
-            sched_batch=settings.sched_batch,
-            session_id_prefix=settings.session_id_prefix,
-            resume_grace_s=limits.resume_grace_s,
-            resume_max_suspended_s=limits.resume_suspended_cap_s,
-        )
+        self.manager = SessionManager(env, settings, concurrency=concurrency_config)
         self.credentials = auth.credentials(settings.auth_token, settings.grader_token, settings.observer_token)
         """The tokens this server takes and their roles (None: it requires none; see :mod:`.roles`)."""
         self.auth_token = self.credentials.tokens[Role.ORCHESTRATOR] if self.credentials is not None else None
@@ -389,6 +381,16 @@ class HTTPEnvServer(UpstreamServerNames):
             call = Call(Op.GRADE, None, request.session_id)
             return await server._serve(call, http_request, lambda result: _json_response({"grade": result}))
 
+        @app.post("/openenv/trajectory", tags=["State Management"], summary="A session's trajectory since its reset")
+        async def trajectory(http_request: Request, request: SnapshotRequest) -> Any:
+            # (an extension: each reset, step and tool call of the named session; docs/roles.md)
+            return await server._serve(Call(Op.TRAJECTORY, None, request.session_id), http_request, _json_response)
+
+        @app.post("/openenv/diff", tags=["State Management"], summary="A session's work directory, changed since reset")
+        async def diff(http_request: Request, request: SnapshotRequest) -> Any:
+            # (an extension: the files added, removed and modified since the reset; docs/roles.md)
+            return await server._serve(Call(Op.DIFF, None, request.session_id), http_request, _json_response)
+
         @app.post("/openenv/agent_token", tags=["State Management"], summary="Mint an agent credential")
         async def agent_token(http_request: Request, request: SnapshotRequest) -> Any:
             # (an extension: a credential for the agent of the named session; see docs/roles.md)
@@ -415,6 +417,11 @@ class HTTPEnvServer(UpstreamServerNames):
             # How full this server is (an extension, behind the token when one is set): the front
             # of `openenv serve --workers N` sums these into its own /health; RayEnvPool reads it.
             return await server._answer(Call(Op.CAPACITY, principal=principal_of(http_request.scope)), _json_response)
+
+        @app.get("/openenv/metrics", tags=["Health"], summary="Counts and each session's progress")
+        async def metrics(http_request: Request) -> Any:
+            # (an extension: for the observer, grader and orchestrator; never observations; docs/roles.md)
+            return await server._answer(Call(Op.METRICS, principal=principal_of(http_request.scope)), _json_response)
 
         @app.get(
             "/schema",

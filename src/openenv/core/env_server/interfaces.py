@@ -52,6 +52,7 @@ import asyncio
 import dataclasses
 import inspect
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -248,6 +249,14 @@ class Environment(ABC, Generic[ActT, ObsT, StateT]):
         restored from a snapshot (``POST /openenv/grade``, see docs/roles.md), never on the
         session itself, so it may change what it likes. Needs ``SUPPORTS_SNAPSHOT``."""
         raise NotImplementedError
+
+    def workspace_dir(self) -> Optional[Path]:
+        """The directory this session's agent works in, for the grader's diff (``POST
+        /openenv/diff``, see docs/roles.md), or None: an environment with a work directory
+        overrides it. The server walks it right after each ``reset`` (and ``restore_state``), in
+        the same call, and compares it with that later, never following a link. Called on the
+        environment's own thread, like ``reset``."""
+        return None
 
     def snapshot_state(self) -> Any:
         """This session's state as plain Python data (see the module docstring). By default, the

@@ -11,7 +11,6 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
-    SerializerFunctionWrapHandler,
     field_serializer,
     field_validator,
 )
@@ -198,16 +197,24 @@ class CallToolObservation(Observation):
         if value is None:
             value = tool_result_value(tool_result)
         observation = cls(tool_name=tool_name, result=value, **fields)
-        observation._tool_result, observation._tool_value = tool_result, observation.result
+        # Written to the private attributes' own dict (pydantic's documented
+        # ``__pydantic_private__``): per call, a third of the cost of attribute assignment.
+        private = observation.__pydantic_private__
+        private["_tool_result"], private["_tool_value"] = tool_result, observation.result
         return observation
 
-    @field_serializer("result", mode="wrap")
-    def _result_on_the_wire(self, value: Any, handler: SerializerFunctionWrapHandler) -> Any:
-        full = self._tool_result
+    @field_serializer("result", mode="plain")
+    def _result_on_the_wire(self, value: Any) -> Any:
+        # Read from the private attributes' dict, and the value handed back to be serialized as
+        # ``Any`` is: 1.4 us a tools/call observation, against 6.3 us through pydantic's private
+        # attribute lookup and a wrap handler (a fifth of an echo MCP step's server CPU above
+        # the raw floor's, bench_ws.py)
+        private = self.__pydantic_private__ or {}
+        full = private.get("_tool_result")
         # (the identity check: code that replaced ``result`` meant its own value to be sent)
-        if full is not None and value is self._tool_value:
-            return handler(full)
-        return handler(value)
+        if full is not None and value is private.get("_tool_value"):
+            return full
+        return value
 
 
 def tool_result_value(result: Any) -> Any:

@@ -5,17 +5,23 @@ Upstream peers never trigger it. The protocol, over ``/ws``:
 
 * A client opts in on its WebSocket handshake with the request header ``X-OpenEnv-Resume: 1``. A
   server that resumes (``OPENENV_RESUME_GRACE_S`` not 0) answers the handshake with
-  ``X-OpenEnv-Session`` (the new session's id) and ``X-OpenEnv-Resume-Token`` (a secret that only
-  this client learns). An upstream server answers neither, and the client then behaves as OpenEnv
+  ``X-OpenEnv-Resume-Session`` (the new session's id) and ``X-OpenEnv-Resume-Token`` (a secret
+  that only this client learns). An upstream server answers neither, and the client then behaves as OpenEnv
   0.10's does: no sequence numbers, no resume.
 * Once a server has answered so, each frame of the client carries ``"seq"``, one more for each
   call (upstream's message models forbid extra keys: it is never sent to a server that did not
   answer the headers).
-* To resume, the client opens a new ``/ws`` with ``X-OpenEnv-Session`` and
+* To resume, the client opens a new ``/ws`` with ``X-OpenEnv-Resume-Session`` and
   ``X-OpenEnv-Resume-Token`` (headers, never the URL, which proxies log). A session that is gone is
   refused with 404 (the answer says why: closed, reaped, never on this server after a restart), a
   token that is not the session's with 403, and neither changes the session. An admitted resume
   takes the session over from a connection the server still thinks alive (a half-open one).
+* ``X-OpenEnv-Session`` is the deprecated name of ``X-OpenEnv-Resume-Session``
+  (:data:`LEGACY_SESSION_HEADER`): the server still answers it beside the new one and takes it
+  in a resume, so that clients made before the rename resume too; OpenEnv's client resumes by
+  the new name, or by the old one where a server from before the rename answered only that. The
+  web playground's ``X-OpenEnv-Session`` (:mod:`.web`) is another header of that name: the
+  visitor's session.
 
 :class:`Resume` is everything the server keeps for it: the token, the connection serving the
 session, and the number and answer of the session's last call. A call re-sent with that number is
@@ -49,7 +55,12 @@ from typing import Any, Awaitable, Callable, Dict, Optional, Tuple
 from .exceptions import InvalidSequenceError, StaleCallError
 
 RESUME_HEADER = "x-openenv-resume"
-SESSION_HEADER = "x-openenv-session"
+RESUME_SESSION_HEADER = "x-openenv-resume-session"
+"""The session a resumable ``/ws`` connection serves: the server names it in the handshake's
+answer, the client sends it back (with the token) to resume it."""
+LEGACY_SESSION_HEADER = "x-openenv-session"
+"""Deprecated: :data:`RESUME_SESSION_HEADER`'s name before the rename, answered and taken still
+(see the module docstring)."""
 TOKEN_HEADER = "x-openenv-resume-token"
 SEQ_HEADER = "x-openenv-seq"
 CREATE_KEY_HEADER = "x-openenv-create-key"
@@ -162,14 +173,23 @@ def handshake_asks(headers: Any) -> Tuple[bool, Optional[Tuple[str, str]]]:
         name = name.lower()  # (not every server lowers them, as ASGI asks)
         if name in _NAMES:
             wanted[name] = value.decode("latin-1")
-    session_id, token = wanted.get(b"x-openenv-session"), wanted.get(b"x-openenv-resume-token")
+    session_id = wanted.get(RESUME_SESSION_HEADER.encode()) or wanted.get(LEGACY_SESSION_HEADER.encode())
+    token = wanted.get(TOKEN_HEADER.encode())
     target = (session_id, token) if session_id and token else None
-    return wanted.get(b"x-openenv-resume") == "1" or target is not None, target
+    return wanted.get(RESUME_HEADER.encode()) == "1" or target is not None, target
 
 
 def handshake_grant(record: Resume) -> list:
-    """The handshake answer's headers that make a connection resumable."""
-    return [(SESSION_HEADER.encode(), record.session_id.encode()), (TOKEN_HEADER.encode(), record.token.encode())]
+    """The handshake answer's headers that make a connection resumable (the session's id under
+    its deprecated name too)."""
+    session_id = record.session_id.encode()
+    return [
+        (RESUME_SESSION_HEADER.encode(), session_id),
+        (TOKEN_HEADER.encode(), record.token.encode()),
+        (LEGACY_SESSION_HEADER.encode(), session_id),
+    ]
 
 
-_NAMES = frozenset(name.encode() for name in (RESUME_HEADER, SESSION_HEADER, TOKEN_HEADER))
+_NAMES = frozenset(
+    name.encode() for name in (RESUME_HEADER, RESUME_SESSION_HEADER, LEGACY_SESSION_HEADER, TOKEN_HEADER)
+)

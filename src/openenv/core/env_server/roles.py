@@ -8,8 +8,11 @@ A server that requires tokens (``OPENENV_AUTH_TOKEN``) knows four roles:
   **its own session** and nothing else, with a credential the orchestrator minted for that
   session (scoped to it, expiring, void once the session ends);
 * **grader** (``OPENENV_GRADER_TOKEN``): inspects a session read-only: its state, the
-  environment's grader-only tools, and its ``grade()`` run on a copy of the session;
-* **observer** (``OPENENV_OBSERVER_TOKEN``): progress only (health, capacity, metadata, schemas).
+  environment's grader-only tools, its ``grade()`` run on a copy of the session, its trajectory
+  since its last reset (:mod:`.trajectory`) and what changed in its work directory
+  (:mod:`.workspace_diff`);
+* **observer** (``OPENENV_OBSERVER_TOKEN``): progress only (health, capacity, metadata, schemas,
+  the server's metrics: counts and each session's progress, never what it saw or did).
 
 The edge (:class:`.edges.middleware.BearerAuth`, with :class:`.edges.auth.Credentials`) turns the ``Authorization`` header into a
 :class:`Principal` (or refuses it, 401); every transport hands the principal with each call to the
@@ -76,7 +79,7 @@ DEFAULT_AGENT_TTL_S = 3600.0
 
 
 # Operations (the dispatcher's ``Op`` values, and a few of the edges') each role may run.
-_READ = frozenset({"metadata", "schema", "health", "capacity"})
+_READ = frozenset({"metadata", "schema", "health", "capacity", "metrics"})
 ALLOWED: Dict[Role, FrozenSet[str]] = {
     Role.ORCHESTRATOR: frozenset(
         {
@@ -93,11 +96,13 @@ ALLOWED: Dict[Role, FrozenSet[str]] = {
             "task",
             "agent/mint",
             "grade",
+            "trajectory",
+            "diff",
         }
     )
     | _READ,
     Role.AGENT: frozenset({"tools/list", "tools/call"}),
-    Role.GRADER: frozenset({"state", "tools/list", "tools/call", "task", "grade"}) | _READ,
+    Role.GRADER: frozenset({"state", "tools/list", "tools/call", "task", "grade", "trajectory", "diff"}) | _READ,
     Role.OBSERVER: _READ,
 }
 """The table: which operations each role may run. An agent's are further bound to its own

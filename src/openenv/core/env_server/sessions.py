@@ -34,17 +34,19 @@ import dataclasses
 import functools
 import inspect
 import logging
+import math
 import operator
 import secrets
 import time
 import uuid
 from collections import OrderedDict
 from enum import Enum
-from typing import Any, AsyncIterator, Awaitable, Callable, Dict, FrozenSet, Optional, Set, Tuple
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, FrozenSet, List, Optional, Set, Tuple
 
 import pydantic
 
 from ..utils import timeout_after, within
+from . import workspace_diff
 from .exceptions import (
     ConcurrencyConfigurationError,
     EnvironmentCallError,
@@ -57,7 +59,9 @@ from .exceptions import (
     WorkersStuckError,
 )
 from .resume import Resume
-from .types import ServerCapacityStatus, SessionInfo
+from .settings import ServerSettings
+from .trajectory import Trajectory
+from .types import ConcurrencyConfig, ServerCapacityStatus, SessionInfo
 from .workers import Job, WorkerPool
 
 logger = logging.getLogger("openenv.server")
@@ -128,6 +132,14 @@ class Session:
     resume: Optional[Resume] = None  # its resume record, where calls carry sequence numbers
     agent_nonce: str = dataclasses.field(default_factory=lambda: secrets.token_hex(8))
     """Bound into the agent credentials minted for it (see :mod:`.roles`): theirs only."""
+    trajectory: Optional[Trajectory] = None  # its calls since its last reset, where recording is on
+    baseline: Any = None  # its work directory at its last reset or restore (see .workspace_diff)
+    # its progress, for the observer (see SessionManager.metrics): since its last reset
+    episodes: int = 0
+    episode_steps: int = 0
+    done: bool = False
+    last_reward: Any = None
+    reward_total: float = 0.0
 
     def __post_init__(self) -> None:
         self.last_activity_at = self.created_at
@@ -173,7 +185,7 @@ def _overrides(cls: type, name: str, base: type) -> bool:
 class EnvTraits:
     """How to call one environment class, worked out once per class."""
 
-    __slots__ = ("async_reset", "async_step", "mcp", "on_loop", "reset_kwargs", "step_kwargs")
+    __slots__ = ("async_reset", "async_step", "mcp", "on_loop", "reset_kwargs", "step_kwargs", "workspace")
 
     def __init__(self, cls: type) -> None:
         from .interfaces import Environment
@@ -191,6 +203,8 @@ class EnvTraits:
         else:
             self.async_step = _overrides(cls, "step_async", Environment)
         self.reset_kwargs = _accepted_kwargs(getattr(cls, "reset_async" if self.async_reset else "reset"), 1)
+        self.workspace = _overrides(cls, "workspace_dir", Environment)
+        """It declares a work directory (``workspace_dir``): its resets take a baseline of it."""
         self.step_kwargs = _accepted_kwargs(getattr(cls, "step_async" if self.async_step else "step"), 2)
 
     def steps_on_loop(self, action: Any) -> bool:
@@ -216,41 +230,65 @@ class EnvTraits:
 env_traits = functools.cache(EnvTraits)  # one EnvTraits per class
 
 
+@dataclasses.dataclass
+class Counts:
+    """What a server's sessions did since it started (temporary ones included): for the observer."""
+
+    resets: int = 0
+    steps: int = 0
+    """Steps and tool calls that ran to their end."""
+    episodes_done: int = 0
+    """Episodes that reached ``done``."""
+    errors: int = 0
+    """Resets, steps and tool calls that failed (the environment's exception, a timeout, a tool's
+    error)."""
+
+
 class SessionManager:
-    """Creates, runs and retires sessions; see the module docstring."""
+    """Creates, runs and retires sessions; see the module docstring.
+
+    ``factory`` builds one session's environment. ``settings`` says how sessions are run: how
+    many, the step timeout, the worker threads, the id prefix, and its limits on idle and
+    suspended sessions. Its fields may stand for it: ``SessionManager(Env, max_sessions=2)`` is
+    ``SessionManager(Env, ServerSettings(max_sessions=2))``. ``concurrency`` is what the app's
+    code says (upstream's :class:`~.types.ConcurrencyConfig`): how many sessions where
+    ``settings.max_sessions`` is None, and ``session_timeout``, the idle time after which a session
+    with no socket attached is closed (None: :data:`DEFAULT_DETACHED_SESSION_TIMEOUT_S`)."""
 
     def __init__(
         self,
         factory: Callable[[], Any],
+        settings: Optional[ServerSettings] = None,
         *,
-        max_sessions: int = 1,
-        session_timeout_s: Optional[float] = None,
-        step_timeout_s: Optional[float] = None,
-        worker_threads: Optional[int] = None,
-        attached_idle_timeout_s: Optional[float] = None,
-        sched_batch: bool = False,
-        session_id_prefix: Optional[str] = None,
-        resume_grace_s: float = 0.0,
-        resume_max_suspended_s: Optional[float] = None,
+        concurrency: Optional[ConcurrencyConfig] = None,
+        **fields: Any,
     ) -> None:
         if not callable(factory):
             raise TypeError("factory must be callable")
+        if settings is None:
+            settings = ServerSettings(**fields)
+        elif fields:
+            raise TypeError("Pass either settings or the fields it holds, not both")
+        self.settings = settings
+        concurrency = concurrency or ConcurrencyConfig()
+        max_sessions = concurrency.max_concurrent_envs if settings.max_sessions is None else settings.max_sessions
         if max_sessions < 1:
             raise ValueError("max_sessions must be >= 1")
+        limits = settings.limits
         self._factory = factory
         self.factory_name = getattr(factory, "__name__", None) or type(factory).__name__
         self.max_sessions = max_sessions
         # "w3-<uuid>": the id says which of several server processes holds the session.
-        self._id_prefix = f"{session_id_prefix}-" if session_id_prefix else ""
-        self.session_timeout_s = DEFAULT_DETACHED_SESSION_TIMEOUT_S if session_timeout_s is None else session_timeout_s
-        self.attached_idle_timeout_s = attached_idle_timeout_s or None
-        self.resume_grace_s = resume_grace_s
+        self._id_prefix = f"{settings.session_id_prefix}-" if settings.session_id_prefix else ""
+        self.session_timeout_s = concurrency.session_timeout or DEFAULT_DETACHED_SESSION_TIMEOUT_S
+        self.attached_idle_timeout_s = limits.session_idle_timeout_s or None
+        self.resume_grace_s = limits.resume_grace_s
         """How long a resumable socket's session waits for a resume (0: sockets are not resumable)."""
-        self.resume_max_suspended_s = resume_max_suspended_s or None
+        self.resume_max_suspended_s = limits.resume_suspended_cap_s
         """The most time in all such a session may wait for resumes (None: no bound but the grace)."""
         # id -> (why it was closed, whether calls naming it by id may be told so)
         self._reaped: OrderedDict[str, Tuple[str, bool]] = OrderedDict()
-        self.step_timeout_s = step_timeout_s or None
+        self.step_timeout_s = settings.step_timeout_s or None
         built = factory  # the class the factory builds, when that can be told without calling it
         while isinstance(built, functools.partial):
             built = built.func
@@ -260,9 +298,10 @@ class SessionManager:
         # One thread and no replacement for an environment that needs a single thread: while a
         # call that was given up on still runs, other calls wait for that thread.
         if getattr(self.env_cls, "REQUIRES_SINGLE_THREAD_EXECUTOR", False):
-            self.pool = WorkerPool(1, name="openenv-env", batch=sched_batch, max_stuck=0)
+            self.pool = WorkerPool(1, name="openenv-env", batch=settings.sched_batch, max_stuck=0)
         else:
-            self.pool = WorkerPool(worker_threads or min(max_sessions + 1, 16), name="openenv-env", batch=sched_batch)
+            threads = settings.worker_threads or min(max_sessions + 1, 16)
+            self.pool = WorkerPool(threads, name="openenv-env", batch=settings.sched_batch)
         self._sessions: Dict[str, Session] = {}
         self._temporary_slots = asyncio.Semaphore(max_sessions)
         self._background: Set[asyncio.Task] = set()
@@ -272,6 +311,10 @@ class SessionManager:
         self._closed = False
         self.prepare: Optional[Callable[[Session], None]] = None
         """Called with each session once its environment is in place (also after a rebuild)."""
+        self.trajectory_entries = settings.trajectory_entries
+        """Entries of each session's trajectory kept (0: none recorded; see :mod:`.trajectory`)."""
+        self.counts = Counts()
+        """What the sessions did, server-wide (see :class:`Counts`)."""
 
     # --- capacity and lookup --------------------------------------------------------------
 
@@ -369,6 +412,8 @@ class SessionManager:
         if len(self._sessions) >= self.max_sessions:
             raise SessionCapacityError(len(self._sessions), self.max_sessions)
         session = Session(resume.session_id if resume is not None else self.new_id(), kind, resume=resume)
+        if self.trajectory_entries:
+            session.trajectory = Trajectory(self.trajectory_entries)
         self._sessions[session.id] = session
         try:
             env = await self._build_env()
@@ -563,9 +608,12 @@ class SessionManager:
         async_fn: Optional[Callable[[Any], Any]] = None,
         step: bool = False,
         inline: bool = False,
+        record: Any = None,
     ) -> Any:
         """Run ``async_fn(env)`` on the loop, or ``sync_fn(env)`` in the pool, under the session's
-        lock and the step timeout; then mark the session active (``step`` counts a step)."""
+        lock and the step timeout; then mark the session active (``step`` counts a step). A
+        reset, step or tool call gives ``record``, what it asks (its keywords, the action, the
+        tool's name and arguments): its outcome goes into the session's progress and trajectory."""
         ok = False
         await session.lock.acquire()
         try:
@@ -593,12 +641,87 @@ class SessionManager:
             except (SystemExit, pydantic.ValidationError) as exc:
                 raise EnvironmentCallError(exc) from exc
             ok = True
+        except Exception as exc:
+            if record is not None:
+                self.counts.errors += 1
+                if session.trajectory is not None:
+                    session.trajectory.add(operation, record, None, exc)
+            raise
         finally:
             session.lock.release()
             session.touch(step and ok)  # a failing call is activity too: the reaper must wait
             if session.resume is not None:
                 session.resume.called()  # (a resume that makes no call does not get here)
+        if record is not None:
+            self._account(session, operation, record, result)
         return result
+
+    def _account(self, session: Session, operation: str, asked: Any, answer: Any) -> None:
+        """A reset, step or tool call ran to its end: count it, note the session's progress,
+        and add it to the session's trajectory."""
+        counts = self.counts
+        if operation == "reset":
+            counts.resets += 1
+            session.episodes += 1
+            session.episode_steps = 0
+            session.reward_total = 0.0
+            session.last_reward = None
+            session.done = False
+        else:
+            counts.steps += 1
+            session.episode_steps += 1
+        reward = getattr(answer, "reward", None)
+        if isinstance(reward, (int, float)):  # (a number: the observer sees nothing else of it)
+            session.last_reward = float(reward)
+            if math.isfinite(reward):
+                session.reward_total += reward
+        if not session.done and getattr(answer, "done", False) is True:
+            session.done = True
+            counts.episodes_done += 1
+        trajectory = session.trajectory
+        if trajectory is not None:
+            trajectory.add(operation, asked, answer)
+
+    def metrics(self) -> Dict[str, Any]:
+        """Progress, for the observer: the sessions open and the limit, what they did since the
+        server started (:class:`Counts`), and each open session's progress since its last reset
+        (``steps``; ``total_steps`` since it was made; ``episodes`` begun, ``done``,
+        ``last_reward``, ``reward_total``, ``age_s``, ``idle_s``). Never an observation, an action
+        or a state."""
+        now = time.time()
+        counts = self.counts
+        return {
+            "active_sessions": len(self._sessions),
+            "max_sessions": self.max_sessions,
+            "resets": counts.resets,
+            "steps": counts.steps,
+            "episodes_done": counts.episodes_done,
+            "errors": counts.errors,
+            "sessions": [
+                {
+                    "session_id": s.id,
+                    "kind": s.kind.value,
+                    "steps": s.episode_steps,
+                    "total_steps": s.step_count,
+                    "episodes": s.episodes,
+                    "done": s.done,
+                    "last_reward": s.last_reward,
+                    "reward_total": s.reward_total,
+                    "age_s": round(now - s.created_at, 3),
+                    "idle_s": round(now - s.last_activity_at, 3),
+                }
+                for s in self._sessions.values()
+                if s.state is SessionState.READY
+            ],
+        }
+
+    def restored(self, session: Session, baseline: Any) -> None:
+        """A snapshot was loaded into the session: its trajectory and work directory's baseline
+        start there (the progress counts go on)."""
+        if baseline is not None:
+            session.baseline = baseline
+        if session.trajectory is not None:
+            session.trajectory.add("restore", None, None)
 
     def _given_up(self, session: Session, job: Optional[Job], operation: str, timeout: Optional[float] = None) -> None:
         """The caller stopped waiting: past the step ``timeout`` when one is given, else cancelled.
@@ -640,6 +763,11 @@ class SessionManager:
         job, session.inflight = session.inflight, None
         if env is not None:
             self._close_soon(env, job)
+            if session.baseline is not None:  # the next call builds a fresh one, never reset
+                session.baseline = workspace_diff.Unavailable(
+                    "its environment was discarded (a call on it timed out, or a restore failed) and rebuilt; "
+                    "reset the session to compare with a new baseline"
+                )
 
     def discard_env(self, session: Session) -> None:
         """Close the session's environment (its state is no longer known): its next call builds a
@@ -647,13 +775,41 @@ class SessionManager:
         self._discard_env(session)
 
     def reset(self, session: Session, kwargs: Dict[str, Any]) -> Awaitable[Any]:
-        """Reset the session's environment (kwargs filtered by its ``reset`` signature)."""
+        """Reset the session's environment (kwargs filtered by its ``reset`` signature); one that
+        declares a work directory has it walked in the same call (the baseline of the grader's
+        diff, :mod:`.workspace_diff`)."""
         traits = session.traits
         assert traits is not None
+        asked = kwargs
         kwargs = traits.filter(kwargs, traits.reset_kwargs)
+        if traits.workspace:
+            return self._reset_with_baseline(session, traits, kwargs, asked)
         if traits.async_reset:
-            return self.call(session, "reset", None, lambda env: env.reset_async(**kwargs))
-        return self.call(session, "reset", lambda env: env.reset(**kwargs), inline=traits.on_loop)
+            return self.call(session, "reset", None, lambda env: env.reset_async(**kwargs), record=asked)
+        return self.call(session, "reset", lambda env: env.reset(**kwargs), inline=traits.on_loop, record=asked)
+
+    async def _reset_with_baseline(
+        self, session: Session, traits: EnvTraits, kwargs: Dict[str, Any], asked: Dict[str, Any]
+    ) -> Any:
+        taken: List[Any] = []
+        if traits.async_reset or traits.on_loop:  # the walk still runs in the pool: it reads files
+
+            async def reset_on_loop(env: Any) -> Any:
+                observation = await env.reset_async(**kwargs) if traits.async_reset else env.reset(**kwargs)
+                taken.append(await self.pool.run(workspace_diff.baseline_of, env, "reset"))
+                return observation
+
+            observation = await self.call(session, "reset", None, reset_on_loop, record=asked)
+        else:
+
+            def reset(env: Any) -> Any:
+                observation = env.reset(**kwargs)
+                taken.append(workspace_diff.baseline_of(env, "reset"))
+                return observation
+
+            observation = await self.call(session, "reset", reset, record=asked)
+        session.baseline = taken[-1]
+        return observation
 
     def step(self, session: Session, action: Any, kwargs: Optional[Dict[str, Any]] = None) -> Awaitable[Any]:
         """Step the session's environment (kwargs filtered by its ``step`` signature)."""
@@ -663,10 +819,12 @@ class SessionManager:
             kwargs = traits.filter(kwargs, traits.step_kwargs, _STEP_POSITIONAL)
         if traits.steps_on_loop(action):
             if kwargs:
-                return self.call(session, "step", None, lambda env: env.step_async(action, **kwargs), step=True)
-            return self.call(session, "step", None, lambda env: env.step_async(action), step=True)
+                return self.call(
+                    session, "step", None, lambda env: env.step_async(action, **kwargs), step=True, record=action
+                )
+            return self.call(session, "step", None, lambda env: env.step_async(action), step=True, record=action)
         sync = (lambda env: env.step(action, **kwargs)) if kwargs else (lambda env: env.step(action))
-        return self.call(session, "step", sync, step=True, inline=traits.on_loop)
+        return self.call(session, "step", sync, step=True, inline=traits.on_loop, record=action)
 
     def state(self, session: Session) -> Awaitable[Any]:
         # ``state`` is a plain property even on async environments and may block (read a file, ask

@@ -22,8 +22,12 @@ variable                                default     meaning
                                                     page's own files) needs
 ``OPENENV_GRADER_TOKEN``                none        the grader's token: read-only inspection of sessions (needs
                                                     ``OPENENV_AUTH_TOKEN``; see :mod:`.roles`, docs/roles.md)
-``OPENENV_OBSERVER_TOKEN``              none        the observer's token: health, capacity, metadata only. Each
+``OPENENV_OBSERVER_TOKEN``              none        the observer's token: health, capacity, metadata, metrics. Each
                                                     token may come from a file instead: ``<VARIABLE>_FILE``
+``OPENENV_MAX_TRAJECTORY_STEPS``        see right   entries of each session's trajectory kept for the grader (its
+                                                    latest; see :mod:`.trajectory`, docs/roles.md). Unset:
+                                                    10000 on a server with a grader's token, else 0 (no
+                                                    recording)
 ``OPENENV_ALLOWED_ORIGINS``             none        pages of other sites allowed to open ``/ws`` and send
                                                     POSTs (comma-separated ``scheme://host[:port]``, or
                                                     ``*``: any); a browser's page of this server's own
@@ -118,6 +122,9 @@ RESUME_MAX_SUSPENDED_GRACES = 3
 """``OPENENV_RESUME_MAX_SUSPENDED_S``'s default, in grace periods: a client whose link drops now and
 then resumes many times within it; one that keeps a session suspended (resuming only to drop again)
 loses it."""
+DEFAULT_TRAJECTORY_STEPS = 10_000
+"""Entries of each session's trajectory kept on a server with a grader's token, unless
+``OPENENV_MAX_TRAJECTORY_STEPS`` says otherwise."""
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
@@ -222,6 +229,7 @@ _PARSERS: Mapping[str, Callable[[str], Any]] = {
     "grader_token": str,
     "observer_token": str,
     "snapshot_key": str,
+    "max_trajectory_steps": _count(0),
     "session_id_prefix": _prefix,
     "library_internals": _boolean,
     "allowed_origins": _origins,
@@ -256,6 +264,7 @@ _ARGUMENTS: Mapping[str, Tuple[Tuple[type, ...], str]] = {
     "grader_token": ((str,), "a str"),
     "observer_token": ((str,), "a str"),
     "snapshot_key": ((str,), "a str"),
+    "max_trajectory_steps": ((int,), "an int"),
     "session_id_prefix": ((str,), "a str"),
     "gc_tuning": ((bool,), "True, False"),
     "sched_batch": ((bool,), "True, False"),
@@ -388,6 +397,7 @@ class ServerOptions(TypedDict, total=False):
     grader_token: Optional[str]
     observer_token: Optional[str]
     snapshot_key: Optional[str]
+    max_trajectory_steps: Optional[int]
     web: Optional[bool]
     session_id_prefix: Optional[str]
     limits: Optional[ServerLimits]
@@ -413,6 +423,9 @@ class ServerSettings:
     """None: session ids are plain uuids."""
     snapshot_key: Optional[str] = dataclasses.field(default=None, repr=False)
     """The key that signs session snapshots (None: one drawn at random per server)."""
+    max_trajectory_steps: Optional[int] = None
+    """Entries of each session's trajectory kept (0: none recorded; None: as
+    :attr:`trajectory_entries` says)."""
     limits: ServerLimits = dataclasses.field(default_factory=ServerLimits)
     gc_tuning: Optional[bool] = None
     sched_batch: bool = False
@@ -423,6 +436,18 @@ class ServerSettings:
     allowed_hosts: Tuple[str, ...] = ()
     """Names beyond ``localhost`` and IP addresses by which a browser may reach this server
     (``OPENENV_ALLOWED_HOSTS``)."""
+
+    @property
+    def trajectory_entries(self) -> int:
+        """How many entries of each session's trajectory the server keeps (0: it records none).
+        Unless ``OPENENV_MAX_TRAJECTORY_STEPS`` (or the argument) says, it records
+        :data:`DEFAULT_TRAJECTORY_STEPS` on a server with a grader's token and nothing elsewhere:
+        the record costs no CPU worth measuring, but it keeps each step's action and observation
+        alive (memory, and objects for the garbage collector to walk) until the next reset, which
+        is worth paying where a grader may ask for it."""
+        if self.max_trajectory_steps is not None:
+            return self.max_trajectory_steps
+        return DEFAULT_TRAJECTORY_STEPS if self.grader_token else 0
 
     @classmethod
     def resolve(

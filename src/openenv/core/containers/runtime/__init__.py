@@ -1,5 +1,6 @@
 """Providers that start environment servers: in a sandbox (default), several sandboxed processes
-behind one URL (``SandboxPool``), a plain process, Docker.
+behind one URL (``SandboxPool``), a plain process, Docker; and ``PackageServer``, which serves a
+package at a TCP address until stopped (``openenv serve``).
 
 ``import openenv.core.containers.runtime`` is cheap: each provider is imported on first use.
 """
@@ -13,6 +14,7 @@ _EXPORTS = {
     "RuntimeProvider": ".providers",
     "SandboxProvider": ".sandbox",
     "SandboxPool": ".pool",
+    "PackageServer": ".package_server",
     "shutdown_sandboxes": ".sandbox",
     "LocalProcessProvider": ".process",
     "LocalDockerProvider": ".docker",

@@ -5,9 +5,10 @@ Each server process (a *worker*) makes session ids that start with its own prefi
 reads each request's head (parsed with ``h11``) and sends the request on to:
 
 * the worker whose prefix the request's session id carries, when it names one: ``?session_id=``
-  (``/ws`` attaches, ``/state``), an ``Mcp-Session-Id`` or ``X-OpenEnv-Session`` (the web page's)
-  header, or ``session_id`` (top level or in ``params``) in the JSON body of an HTTP call. An id no
-  worker owns is answered 404;
+  (``/ws`` attaches, ``/state``), an ``Mcp-Session-Id``, ``X-OpenEnv-Resume-Session`` (a ``/ws``
+  resume) or ``X-OpenEnv-Session`` (the web page's; a resume's, under its deprecated name) header,
+  or ``session_id`` (top level or in ``params``) in the JSON body of an HTTP call. An id no worker
+  owns is answered 404;
 * for an HTTP ``openenv/session/create`` carrying ``X-OpenEnv-Create-Key`` sent again (resumable
   clients send one, and send it again when the answer was lost), the worker the first one went to;
 * the least-loaded worker otherwise (new ``/ws`` and ``/mcp`` sockets, ``openenv/session/create``,
@@ -525,7 +526,10 @@ class Front(TCPRelay):
 
     def _session_in_head(self, request: _Request) -> Optional[str]:
         named = request.query.get("session_id") or [
-            request.header(b"mcp-session-id") or request.header(b"x-openenv-session") or ""
+            request.header(b"mcp-session-id")
+            or request.header(b"x-openenv-resume-session")
+            or request.header(b"x-openenv-session")
+            or ""
         ]
         return named[-1] or _agent_session(request.header(b"authorization"))
 

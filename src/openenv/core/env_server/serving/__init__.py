@@ -7,5 +7,7 @@
 * :mod:`.access_log` — keeping the capacity polls of ``openenv serve --workers N``'s front out of
   each worker's access log.
 
-What a request meets once it is served is the app's (:mod:`..http_server`).
+What a request meets once it is served is the app's (:mod:`..http_server`). Running servers in
+sandboxes, behind a TCP address, until a signal (``openenv serve``) is the providers' part:
+:mod:`openenv.core.containers.runtime.package_server`.
 """

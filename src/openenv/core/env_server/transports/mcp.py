@@ -5,8 +5,9 @@ mapping of methods to calls (:class:`MCPProtocol`) and one error renderer (:func
 the table of :mod:`..exceptions`). The sockets (``WS /mcp`` and ``/ws``) are served by
 :mod:`.ws`, which hands each JSON-RPC message here (:meth:`MCPProtocol.answer`).
 
-Methods: ``tools/list`` and ``tools/call``; OpenEnv's ``openenv/session/create`` and
-``openenv/session/close``; and the MCP lifecycle (``initialize``, ``ping``, ``notifications/*``)
+Methods: ``tools/list`` and ``tools/call``; OpenEnv's ``openenv/session/create``,
+``openenv/session/close``, ``openenv/session/snapshot|restore|grade|agent_token|trajectory|diff``
+and ``openenv/metrics``; and the MCP lifecycle (``initialize``, ``ping``, ``notifications/*``)
 so that standard MCP clients can use an environment's tools.
 
 Two dialects share one mapping. OpenEnv 0.10 clients get OpenEnv's answers (a failing tool is a
@@ -254,6 +255,14 @@ class MCPProtocol:
         if method == "openenv/session/grade":
             call = Call(Op.GRADE, None, session_id or params.get("session_id") or None, seq, principal=principal)
             return {"grade": await self.dispatcher.run(call, own)}
+        if method == "openenv/session/trajectory":
+            call = Call(Op.TRAJECTORY, None, session_id or params.get("session_id") or None, seq, principal=principal)
+            return await self.dispatcher.run(call, own)
+        if method == "openenv/session/diff":
+            call = Call(Op.DIFF, None, session_id or params.get("session_id") or None, seq, principal=principal)
+            return await self.dispatcher.run(call, own)
+        if method == "openenv/metrics":
+            return await self.dispatcher.run(Call(Op.METRICS, principal=principal), own)
         if method == "openenv/session/agent_token":
             call = Call(Op.MINT_AGENT, None, session_id or params.get("session_id") or None, seq, principal=principal)
             return await self.dispatcher.run(call, own)
