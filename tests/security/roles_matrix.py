@@ -52,6 +52,9 @@ TABLE: Dict[str, Tuple[bool, ...]] = {
     "call agent tool": (Y, N, N, Y, N, N, N, N),
     "call grader tool": (Y, Y, N, N, N, N, N, N),
     "grade": (Y, Y, N, N, N, N, N, N),
+    "trajectory": (Y, Y, N, N, N, N, N, N),
+    "diff": (Y, Y, N, N, N, N, N, N),
+    "metrics": (Y, Y, Y, N, N, N, N, N),
     # An agent's own session, none named (the credential says which): B is the other agent's own,
     # C has ended; the orchestrator's call runs on a throw-away environment; a grader names one.
     "call agent tool, own session": (Y, N, N, Y, Y, N, N, N),

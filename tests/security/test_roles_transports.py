@@ -153,6 +153,12 @@ def test_http_routes_and_the_playground_allow_and_refuse_as_the_table_says(world
             lambda h, m: http.post("/openenv/agent_token", json={"session_id": a}, headers=h),
         ),
         "POST /openenv/grade": ("grade", lambda h, m: http.post("/openenv/grade", json={"session_id": a}, headers=h)),
+        "POST /openenv/trajectory": (
+            "trajectory",
+            lambda h, m: http.post("/openenv/trajectory", json={"session_id": a}, headers=h),
+        ),
+        "POST /openenv/diff": ("diff", lambda h, m: http.post("/openenv/diff", json={"session_id": a}, headers=h)),
+        "GET /openenv/metrics": ("metrics", lambda h, m: http.get("/openenv/metrics", headers=h)),
         "GET /quiz/splits": ("task", lambda h, m: http.get("/quiz/splits", headers=h)),
         "POST /quiz/tasks": ("task", lambda h, m: http.post("/quiz/tasks", json={"split": "test"}, headers=h)),
         "POST /quiz/num_tasks": ("task", lambda h, m: http.post("/quiz/num_tasks", json={"split": "test"}, headers=h)),
@@ -190,7 +196,7 @@ def test_http_routes_and_the_playground_allow_and_refuse_as_the_table_says(world
     for label, (row, call) in routes.items():
         for who in WHO:
             matrix.check(label, row, who, outcome(call(world.headers(who), matrix.marker(label, row, who))))
-    finish(matrix, 29 * len(WHO))
+    finish(matrix, 32 * len(WHO))
     assert not matrix.ran_exactly_the_allowed(ran_markers()), matrix.ran_exactly_the_allowed(ran_markers())
 
 
@@ -252,6 +258,9 @@ def test_json_rpc_over_post_mcp_allows_and_refuses_as_the_table_says(world: Worl
             lambda who, m: call(who, "openenv/session/restore", snapshot=world.snapshot),
         ),
         "openenv/session/grade": ("grade", lambda who, m: call(who, "openenv/session/grade")),
+        "openenv/session/trajectory": ("trajectory", lambda who, m: call(who, "openenv/session/trajectory")),
+        "openenv/session/diff": ("diff", lambda who, m: call(who, "openenv/session/diff")),
+        "openenv/metrics": ("metrics", lambda who, m: call(who, "openenv/metrics")),
         "openenv/session/agent_token": ("mint", lambda who, m: call(who, "openenv/session/agent_token")),
     }
     for label, (row, run) in methods.items():
@@ -265,7 +274,7 @@ def test_json_rpc_over_post_mcp_allows_and_refuses_as_the_table_says(world: Worl
             world.close(session)
         got = OK if deleted.status_code == 204 else {401: UNAUTHORIZED, 403: FORBIDDEN}.get(deleted.status_code, "?")
         matrix.check("DELETE /mcp", "close", who, got)
-    finish(matrix, 12 * len(WHO))
+    finish(matrix, 15 * len(WHO))
     assert not matrix.ran_exactly_the_allowed(ran_markers()), matrix.ran_exactly_the_allowed(ran_markers())
 
 
@@ -349,6 +358,9 @@ def test_ws_handshakes_and_the_orchestrator_s_frames_follow_the_table(world: Wor
                 lambda m: rpc_body("openenv/session/restore", snapshot=world.snapshot),
             ),
             "openenv/session/grade": ("grade", lambda m: rpc_body("openenv/session/grade")),
+            "openenv/session/trajectory": ("trajectory", lambda m: rpc_body("openenv/session/trajectory")),
+            "openenv/session/diff": ("diff", lambda m: rpc_body("openenv/session/diff")),
+            "openenv/metrics": ("metrics", lambda m: rpc_body("openenv/metrics")),
             "openenv/session/agent_token": ("mint", lambda m: rpc_body("openenv/session/agent_token")),
         }
         for label, (row, expected_type, make) in frames.items():
@@ -391,6 +403,9 @@ def test_ws_mcp_handshakes_and_the_orchestrator_s_methods_follow_the_table(world
         "openenv/session/snapshot": ("snapshot", lambda m: rpc_body("openenv/session/snapshot")),
         "openenv/session/restore": ("restore", lambda m: rpc_body("openenv/session/restore", snapshot=world.snapshot)),
         "openenv/session/grade": ("grade", lambda m: rpc_body("openenv/session/grade")),
+        "openenv/session/trajectory": ("trajectory", lambda m: rpc_body("openenv/session/trajectory")),
+        "openenv/session/diff": ("diff", lambda m: rpc_body("openenv/session/diff")),
+        "openenv/metrics": ("metrics", lambda m: rpc_body("openenv/metrics")),
         "openenv/session/agent_token": ("mint", lambda m: rpc_body("openenv/session/agent_token")),
     }
     with ws_connect(url, additional_headers=world.headers(who), open_timeout=10) as ws:
@@ -443,6 +458,12 @@ def test_behind_the_workers_front_each_process_enforces_the_table(front: World) 
             lambda h, m: http.post("/openenv/agent_token", json={"session_id": a}, headers=h),
         ),
         "POST /openenv/grade": ("grade", lambda h, m: http.post("/openenv/grade", json={"session_id": a}, headers=h)),
+        "POST /openenv/trajectory": (
+            "trajectory",
+            lambda h, m: http.post("/openenv/trajectory", json={"session_id": a}, headers=h),
+        ),
+        "POST /openenv/diff": ("diff", lambda h, m: http.post("/openenv/diff", json={"session_id": a}, headers=h)),
+        "GET /openenv/metrics": ("metrics", lambda h, m: http.get("/openenv/metrics", headers=h)),
         "tools/list": ("tools/list", lambda h, m: rpc(h, "tools/list", session_id=a)),
         "tools/call guess": (
             "call agent tool",
