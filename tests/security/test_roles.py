@@ -1,22 +1,19 @@
-"""Roles: each credential x each operation x each transport is allowed or refused exactly as the
-table of docs/roles.md says (a real server on 127.0.0.1 with every role's token, real clients).
-
-The expected table is written out here, independently of ``openenv.core.env_server.roles``:
-changing one cell there makes this test fail. Refusals must not run anything: after the whole
-matrix, the environment has been reset and stepped only by the calls the table allows.
+"""Roles, attempt by attempt (a real server on 127.0.0.1 with every role's token, real clients):
+an agent's credential reaches its own socket session and dies with it; reward-hacking attempts
+from an agent credential are refused and audited; tokens come from files; the grader's check
+runs on a copy of the session. The whole table, every credential against every operation of
+every transport, is tests/security/test_roles_transports.py's (and test_roles_ray.py's).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 import httpx
 import pytest
 from fastmcp import FastMCP
-from websockets.asyncio.client import connect as ws_connect
-from websockets.exceptions import InvalidStatus
 
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.mcp_environment import MCPEnvironment
@@ -91,190 +88,9 @@ def quiz_app() -> Any:
     )
 
 
-# --- the table, written out ------------------------------------------------------------------------
-
-CREDENTIALS = ["orchestrator", "grader", "observer", "agent", "other_agent", "stale_agent", "none", "wrong"]
-OPERATIONS = [
-    "reset",
-    "step",
-    "state",
-    "snapshot",
-    "mint",
-    "create",
-    "metadata",
-    "tools/list",
-    "call agent tool",
-    "call grader tool",
-    "grade",
-    "trajectory",
-    "diff",
-    "metrics",
-]
-Y, N = True, False
-EXPECTED: Dict[str, Tuple[bool, ...]] = {
-    #                    orch grader observer agent other stale none wrong
-    "reset": (Y, N, N, N, N, N, N, N),
-    "step": (Y, N, N, N, N, N, N, N),
-    "state": (Y, Y, N, N, N, N, N, N),
-    "snapshot": (Y, N, N, N, N, N, N, N),
-    "mint": (Y, N, N, N, N, N, N, N),
-    "create": (Y, N, N, N, N, N, N, N),
-    "metadata": (Y, Y, Y, N, N, N, N, N),
-    "tools/list": (Y, Y, N, Y, N, N, N, N),
-    "call agent tool": (Y, N, N, Y, N, N, N, N),
-    "call grader tool": (Y, Y, N, N, N, N, N, N),
-    "grade": (Y, Y, N, N, N, N, N, N),
-    "trajectory": (Y, Y, N, N, N, N, N, N),
-    "diff": (Y, Y, N, N, N, N, N, N),
-    "metrics": (Y, Y, Y, N, N, N, N, N),
-}
-"""Who may do what on session A (an agent credential of A, one of B, one of a closed session C)."""
-
-TOOLS_SEEN = {"orchestrator": {"guess", "check"}, "grader": {"check"}, "agent": {"guess"}}
-
-
-class Matrix:
-    def __init__(self, http: httpx.Client, tokens: Dict[str, Optional[str]], session: str) -> None:
-        self.http = http
-        self.tokens = tokens
-        self.session = session
-
-    def headers(self, who: str, mcp_session: bool = False) -> Dict[str, str]:
-        token = self.tokens[who]
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        if mcp_session:
-            headers["Mcp-Session-Id"] = self.session
-        return headers
-
-    def rpc(self, who: str, method: str, mcp_session: bool = False, **params: Any) -> httpx.Response:
-        if not mcp_session:
-            params.setdefault("session_id", self.session)
-        body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
-        return self.http.post("/mcp", json=body, headers=self.headers(who, mcp_session))
-
-    def allowed(self, who: str, op: str, transport: str) -> bool:
-        """Whether ``who`` could do ``op`` on session A over ``transport`` ("http" or "mcp")."""
-        h = self.headers(who)
-        s = self.session
-        if transport == "http":
-            if op == "reset":
-                r = self.http.post("/reset", json={"session_id": s}, headers=h)
-            elif op == "step":
-                r = self.http.post(
-                    "/step",
-                    json={
-                        "session_id": s,
-                        "action": {"type": "call_tool", "tool_name": "guess", "arguments": {"value": "1"}},
-                    },
-                    headers=h,
-                )
-            elif op == "state":
-                r = self.http.get("/state", params={"session_id": s}, headers=h)
-            elif op == "snapshot":
-                r = self.http.post("/openenv/snapshot", json={"session_id": s}, headers=h)
-            elif op == "mint":
-                r = self.http.post("/openenv/agent_token", json={"session_id": s}, headers=h)
-            elif op == "grade":
-                r = self.http.post("/openenv/grade", json={"session_id": s}, headers=h)
-            elif op in ("trajectory", "diff"):
-                r = self.http.post(f"/openenv/{op}", json={"session_id": s}, headers=h)
-                if op == "diff" and "declares no workspace" in r.json().get("detail", ""):
-                    return True  # it ran: QuizEnv declares no workspace, and says so
-            elif op == "metrics":
-                r = self.http.get("/openenv/metrics", headers=h)
-            elif op == "metadata":
-                r = self.http.get("/metadata", headers=h)
-            elif op == "create":
-                r = self.http.post("/web/session", json={}, headers=h)  # the playground's create
-                if r.status_code == 200:
-                    self.http.request(
-                        "DELETE", "/web/session", headers={**h, "X-OpenEnv-Session": r.json()["session_id"]}
-                    )
-            else:
-                return self.allowed(who, op, "mcp")  # tools have no HTTP route of their own
-            return r.status_code == 200
-        # JSON-RPC over POST /mcp: agents name their session in Mcp-Session-Id, the rest in params
-        agentish = who.endswith("agent")
-        if op == "tools/list":
-            r = self.rpc(who, "tools/list", mcp_session=agentish)
-            if r.status_code != 200 or "error" in r.json():
-                return False
-            names = {tool["name"] for tool in r.json()["result"]["tools"]}
-            assert names == TOOLS_SEEN[who], (who, names)
-            return True
-        if op in ("call agent tool", "call grader tool"):
-            name, arguments = ("guess", {"value": "7"}) if op == "call agent tool" else ("check", {})
-            r = self.rpc(who, "tools/call", mcp_session=agentish, name=name, arguments=arguments)
-            return r.status_code == 200 and "error" not in r.json()
-        method = {
-            "snapshot": "openenv/session/snapshot",
-            "mint": "openenv/session/agent_token",
-            "create": "openenv/session/create",
-            "trajectory": "openenv/session/trajectory",
-            "diff": "openenv/session/diff",
-            "metrics": "openenv/metrics",
-        }.get(op)
-        if method is None:
-            return self.allowed(who, op, "http")  # reset/step/state/metadata: HTTP routes only
-        r = self.rpc(who, method, mcp_session=agentish)
-        if op == "diff" and "declares no workspace" in r.json().get("error", {}).get("message", ""):
-            return True  # it ran: QuizEnv declares no workspace, and says so
-        return r.status_code == 200 and "error" not in r.json()
-
-
-def test_every_credential_op_and_transport_is_allowed_or_refused_as_the_table_says() -> None:
-    with serve(quiz_app()) as server, httpx.Client(base_url=server.base_url, timeout=30) as http:
-        boss = {"Authorization": f"Bearer {ORCHESTRATOR}"}
-
-        def create() -> str:
-            body = {"jsonrpc": "2.0", "id": 1, "method": "openenv/session/create", "params": {}}
-            return http.post("/mcp", json=body, headers=boss).json()["result"]["session_id"]
-
-        def mint(session: str) -> str:
-            return http.post("/openenv/agent_token", json={"session_id": session}, headers=boss).json()["token"]
-
-        a, b, c = create(), create(), create()
-        stale = mint(c)
-        body = {"jsonrpc": "2.0", "id": 1, "method": "openenv/session/close", "params": {"session_id": c}}
-        assert http.post("/mcp", json=body, headers=boss).json()["result"]["closed"]
-        tokens = {
-            "orchestrator": ORCHESTRATOR,
-            "grader": GRADER,
-            "observer": OBSERVER,
-            "agent": mint(a),
-            "other_agent": mint(b),
-            "stale_agent": stale,
-            "none": None,
-            "wrong": "not-a-token-of-this-server-000",
-        }
-        matrix = Matrix(http, tokens, a)
-        cells, wrong = 0, []
-        for op in OPERATIONS:
-            for column, who in enumerate(CREDENTIALS):
-                for transport in ("http", "mcp"):
-                    got = matrix.allowed(who, op, transport)
-                    cells += 1
-                    if got != EXPECTED[op][column]:
-                        wrong.append((who, op, transport, got))
-        assert not wrong, wrong
-        assert cells == len(OPERATIONS) * len(CREDENTIALS) * 2
-
-        # WebSockets open a session: the orchestrator's alone, on /ws and WS /mcp
-        async def sockets() -> None:
-            for path in ("/ws", "/mcp"):
-                url = server.base_url.replace("http", "ws") + path
-                for who in CREDENTIALS:
-                    token = tokens[who]
-                    headers = {"Authorization": f"Bearer {token}"} if token else {}
-                    try:
-                        async with ws_connect(url, additional_headers=headers):
-                            opened = True
-                    except InvalidStatus as exc:
-                        opened = False
-                        assert exc.response.status_code in (401, 403), (who, path, exc.response.status_code)
-                    assert opened == (who == "orchestrator"), (who, path)
-
-        asyncio.run(sockets())
+# Every credential x every operation x every transport: tests/security/test_roles_transports.py
+# and test_roles_ray.py, against the table written out in roles_matrix.py. Here: the attempts
+# one by one, credentials over sockets, token files, grading a copy.
 
 
 def test_an_agent_credential_reaches_its_own_socket_session_and_dies_with_it() -> None:
