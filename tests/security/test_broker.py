@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -128,6 +129,10 @@ def test_each_code_run_gets_a_cgroup_of_its_own_under_the_servers(warm):
         assert len(runs_cgroups()) == len(roots.dirs)  # the REPL's worker: one per controller
     finally:
         warm.value("probes.REPL.close()")
+    # gone at once, or (a killed worker still exiting on a loaded machine) as soon as it has
+    deadline = time.monotonic() + 30
+    while runs_cgroups() and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert not runs_cgroups()
 
 

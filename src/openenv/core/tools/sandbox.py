@@ -305,6 +305,17 @@ def set_cgroup_parent(roots: Optional[CgroupRoots]) -> None:
     _cgroup_parent = roots
 
 
+def _remove_when_empty(cgroup: Cgroup, seconds: float = 60.0) -> None:
+    """Remove ``cgroup`` once the processes still leaving it have (on a thread of its own)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        cgroup.remove()
+        if not any(os.path.exists(d) for d in cgroup.dirs):
+            return
+    logger.warning("cgroup %s not removed: processes still in it after %.0f s", cgroup.dirs, seconds)
+
+
 def make_cgroup(limits: Limits) -> Optional[Cgroup]:
     """A fresh memory/pids cgroup for one sandbox, sized by ``limits``; None where cgroups are not
     writable (the rlimits still hold)."""
@@ -610,8 +621,8 @@ class LocalSandbox:
                 if not any(os.path.exists(d) for d in self.cgroup.dirs):
                     break
                 time.sleep(0.01)
-            else:
-                logger.warning("cgroup %s not removed: processes still in it", self.cgroup.dirs)
+            else:  # a killed process still exiting (a loaded machine): its cgroup goes once it has
+                threading.Thread(target=_remove_when_empty, args=(self.cgroup,), daemon=True).start()
             self.cgroup = None
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
