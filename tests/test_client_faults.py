@@ -28,6 +28,7 @@ from openenv.core.client_errors import (
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
 from openenv.core.generic_client import GenericEnvClient
+from openenv.testing.faults import FaultProxy
 
 from .conftest import counter_app, serve, until
 
@@ -296,3 +297,31 @@ async def test_a_failed_connect_inside_with_stops_the_server_its_provider_starte
                 pass
     assert (provider.started, provider.stopped) == (1, 1)
     await until(lambda: {t.ident for t in threading.enumerate() if t.name.startswith("openenv-sync")} - before == set())
+
+
+@pytest.mark.parametrize("reconnect_timeout_s", [0, 0.05, 30])
+async def test_a_slow_handshake_gets_the_whole_connect_timeout(reconnect_timeout_s):
+    """A far-away server (every chunk held 0.2 s each way: the opening handshake takes 0.4 s)
+    connects within ``connect_timeout_s`` whatever ``reconnect_timeout_s`` is. The reconnect
+    budget bounded the first try too: a client that never reconnects (0) gave up after 0.1 s."""
+    with serve(counter_app()) as server, FaultProxy(server.port) as proxy:
+        proxy.latency_s = 0.2
+        client = GenericEnvClient(
+            base_url=proxy.base_url, connect_timeout_s=10, reconnect_timeout_s=reconnect_timeout_s
+        )
+        async with client:
+            result = await client.reset()
+            assert result.done is False
+        assert proxy.accepted == 1
+
+
+async def test_a_handshake_past_connect_timeout_fails_naming_the_url_and_the_timeout():
+    with serve(counter_app()) as server, FaultProxy(server.port) as proxy:
+        proxy.latency_s = 1.0
+        url = proxy.base_url.replace("http://", "ws://") + "/ws"
+        began = time.monotonic()
+        with pytest.raises(ConnectionError) as caught:
+            async with GenericEnvClient(base_url=proxy.base_url, connect_timeout_s=0.5, reconnect_timeout_s=0):
+                pass
+        assert time.monotonic() - began < 5
+        assert str(caught.value).startswith(f"{url} did not complete the connection in time"), caught.value

@@ -244,7 +244,9 @@ def connect_failure(exc: BaseException, url: str, uds: Optional[str] = None, doi
     else:
         text = f"failed to connect to {where}: {type(exc).__name__}" + (f": {exc}" if str(exc) else "")
     text = f"{doing}: {text}" if doing else text
-    return ConnectionError(text[:1].upper() + text[1:])
+    if not text.startswith(where):  # (a sentence, not a URL, starts with a capital)
+        text = text[:1].upper() + text[1:]
+    return ConnectionError(text)
 
 
 def permanent_connect_failure(exc: BaseException) -> bool:

@@ -577,7 +577,7 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         headers = {**self._headers, self._resume_header: session_id, TOKEN_HEADER: token}
         self._abandon_socket()
         try:
-            ws = await self._redial(endpoint, url, headers, lambda exc: _refusal(exc) is None)
+            ws = await self._redial(endpoint, url, headers, lambda exc: _refusal(exc) is None, within_budget=True)
         except Exception as exc:
             self._lose_session()
             refusal = _refusal(exc)
@@ -595,22 +595,36 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         return ws
 
     async def _redial(
-        self, endpoint: Endpoint, url: str, headers: Dict[str, str], retry: Callable[[Exception], bool]
+        self,
+        endpoint: Endpoint,
+        url: str,
+        headers: Dict[str, str],
+        retry: Callable[[Exception], bool],
+        *,
+        within_budget: bool = False,
     ) -> Any:
-        """:meth:`_dial`, tried again with backoff while ``retry(exc)`` and ``reconnect_timeout_s`` allow."""
+        """:meth:`_dial`, tried again with backoff while ``retry(exc)`` and ``reconnect_timeout_s`` allow.
+
+        Each try has ``connect_timeout_s``, or what is left of ``reconnect_timeout_s`` when that is
+        less; the first one has the whole ``connect_timeout_s`` unless ``within_budget`` (a resume:
+        all of it within ``reconnect_timeout_s``). A client that never reconnects
+        (``reconnect_timeout_s=0``) thus still waits ``connect_timeout_s`` for a slow server."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._reconnect_timeout_s
         delay = 0.02
+        open_timeout = self._connect_timeout_s
+        if within_budget:
+            open_timeout = max(0.1, min(open_timeout, self._reconnect_timeout_s))
         while True:
-            left = deadline - loop.time()
             try:
-                return await self._dial(endpoint, url, headers, max(0.1, min(self._connect_timeout_s, left)))
+                return await self._dial(endpoint, url, headers, open_timeout)
             except Exception as exc:
                 left = deadline - loop.time()
                 if left <= 0 or not retry(exc):
                     raise
             await asyncio.sleep(min(left, delay * random.uniform(0.5, 1.0)))
             delay = min(delay * 2, 1.0)
+            open_timeout = max(0.1, min(self._connect_timeout_s, deadline - loop.time()))
 
     def _abandon_socket(self) -> None:
         """Drop the socket without a closing handshake: the server then keeps its session for a

@@ -13,6 +13,9 @@ connection (a random one unless named) at a time, or keep coming (:meth:`FaultPr
 * ``stall``: nothing flows either way for ``stall_s``, then the connection is reset (a dead link
   that neither side is told about).
 
+Set ``latency_s`` to hold every chunk that long before it is relayed, either way (a far-away
+server: a round trip then takes twice that).
+
 ::
 
     with BackgroundServer(app) as server, FaultProxy(server.port) as proxy:
@@ -71,6 +74,7 @@ class FaultProxy:
         self.injected = {name: 0 for name in FAULTS}
         self.accepted = 0
         self.stall_s = 1.0
+        self.latency_s = 0.0
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._server: Optional[asyncio.AbstractServer] = None
         self._thread: Optional[threading.Thread] = None
@@ -213,6 +217,8 @@ class FaultProxy:
         try:
             while not link.dead:
                 data = await reader.read(65536)
+                if self.latency_s:
+                    await asyncio.sleep(self.latency_s)
                 await link.flowing.wait()
                 if link.dead:
                     return
