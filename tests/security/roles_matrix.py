@@ -61,8 +61,9 @@ TABLE: Dict[str, Tuple[bool, ...]] = {
     # Outside the table: open to anyone (the load balancer's poll, the page's own files) ...
     "health": (Y, Y, Y, Y, Y, Y, Y, Y),
     "page": (Y, Y, Y, Y, Y, Y, Y, Y),
-    # ... and MCP's handshake and ping (initialize, ping): any credential of this server's.
-    "mcp lifecycle": (Y, Y, Y, Y, Y, Y, N, N),
+    # ... and MCP's handshake and ping (initialize, ping): any live credential of this server's
+    # (an agent's whose session ended is told so at once).
+    "mcp lifecycle": (Y, Y, Y, Y, Y, N, N, N),
 }
 
 MARKED_ROWS = frozenset({"reset", "step", "call agent tool", "call agent tool, own session"})

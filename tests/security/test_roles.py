@@ -129,6 +129,10 @@ def test_an_agent_credential_reaches_its_own_socket_session_and_dies_with_it() -
                     break
                 await asyncio.sleep(0.05)
             assert "no longer valid" in json.dumps(rpc("tools/list")["error"])
+            # the MCP lifecycle too: an agent harness learns at its first request that the episode is over
+            for method in ("initialize", "ping"):
+                refused = rpc(method)
+                assert "result" not in refused and "no longer valid" in json.dumps(refused["error"]), refused
 
         asyncio.run(main())
 

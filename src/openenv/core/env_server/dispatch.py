@@ -230,7 +230,7 @@ class Dispatcher:
             audit_line(principal, op, call.session_id, "refused")
             raise ForbiddenError(principal, op)
         if role is Role.AGENT:
-            session = self._agent_session(principal)
+            session = self.agent_session(principal)
             if (call.session_id and call.session_id != session.id) or (own is not None and own is not session):
                 audit_line(principal, op, call.session_id, "refused: another session")
                 raise ForbiddenError(principal, op, "An agent credential reaches its own session's tools only")
@@ -248,7 +248,7 @@ class Dispatcher:
             return session
         return own
 
-    def _agent_session(self, principal: Principal) -> Session:
+    def agent_session(self, principal: Principal) -> Session:
         """The session an agent credential was minted for, while it lives (its nonce matches)."""
         session = self.manager.find(principal.session_id or "")
         if session is None or session.agent_nonce != principal.nonce:

@@ -162,6 +162,10 @@ class MCPProtocol:
         create_key = request.headers.get(resume.CREATE_KEY_HEADER)
         principal = principal_of(request.scope)
         try:
+            if principal.role is Role.AGENT:
+                # a credential whose session ended is refused whatever it asks (initialize and ping
+                # included: an agent learns at once that its episode is over)
+                self.dispatcher.agent_session(principal)
             if principal.role is Role.AGENT and not header_session:
                 # an agent's MCP session is the one its credential was minted for (another one its
                 # params name is the dispatch's to refuse, not to be swapped for its own quietly)
