@@ -463,3 +463,64 @@ def test_the_front_reads_the_session_an_agent_credential_names() -> None:
     assert _agent_session("Bearer some-orchestrator-token") is None
     assert _agent_session("Bearer oe-agent.too.short") is None
     assert _agent_session(None) is None
+
+
+def test_metrics_answer_for_every_process(pool: SandboxPool) -> None:
+    """``GET /openenv/metrics`` and MCP's ``openenv/metrics`` through the front: every process's
+    sessions and counts, not the one process a request would have reached."""
+
+    async def main() -> None:
+        async with EchoEnv(base_url=pool.base_url) as first, EchoEnv(base_url=pool.base_url) as second:
+            await first.reset()
+            await second.reset()  # (one session on each process: the front spreads them)
+            for _ in range(3):
+                await first.step(CallToolAction(tool_name="echo_message", arguments={"message": "a"}))
+            await second.step(CallToolAction(tool_name="echo_message", arguments={"message": "b"}))
+            async with httpx.AsyncClient(base_url=pool.base_url, timeout=30) as http:
+                over_http = (await http.get("/openenv/metrics")).json()
+                body = {"jsonrpc": "2.0", "id": 7, "method": "openenv/metrics", "params": {}}
+                over_mcp = (await http.post("/mcp", json=body)).json()
+            assert over_mcp["id"] == 7
+            ours = {first._resume[0]: 3, second._resume[0]: 1}
+            assert {session_id[:3] for session_id in ours} == {"w0-", "w1-"}
+            for metrics in (over_http, over_mcp["result"]):
+                assert metrics["workers"] == ["w0", "w1"] and "unreported_workers" not in metrics
+                assert metrics["max_sessions"] == 2 * 64
+                steps = {s["session_id"]: s["steps"] for s in metrics["sessions"]}
+                assert {session_id: steps.get(session_id) for session_id in ours} == ours, metrics
+                assert metrics["active_sessions"] >= 2 and metrics["steps"] >= 4
+
+    asyncio.run(main())
+
+
+def test_metrics_through_the_front_are_each_process_s_to_refuse() -> None:
+    """The caller's credential goes with the front's question to every process, which checks it:
+    none is refused (401), an agent's is refused (403), the orchestrator's is answered for all."""
+    from openenv.core.containers.runtime.front import merge_metrics
+    from openenv.core.generic_client import GenericEnvClient
+
+    assert merge_metrics(
+        [("w0", {"steps": 2, "sessions": [1], "ok": True}), ("w1", {"steps": 3, "sessions": [2]})]
+    ) == {
+        "steps": 5,
+        "sessions": [1, 2],
+        "ok": True,
+        "workers": ["w0", "w1"],
+    }
+    token = "front-orchestrator-token-0123456789"
+    with SandboxPool(ECHO, workers=2, env_vars={"OPENENV_AUTH_TOKEN": token}) as pool:
+
+        async def main() -> None:
+            boss = {"Authorization": f"Bearer {token}"}
+            async with GenericEnvClient(base_url=pool.base_url, headers=boss) as env:
+                await env.reset()
+                credential = await env.agent_token()
+                async with httpx.AsyncClient(base_url=pool.base_url, timeout=30) as http:
+                    assert (await http.get("/openenv/metrics")).status_code == 401
+                    agent = {"Authorization": f"Bearer {credential['token']}"}
+                    refused = await http.get("/openenv/metrics", headers=agent)
+                    assert refused.status_code == 403 and refused.json()["code"] == "FORBIDDEN"
+                    answered = (await http.get("/openenv/metrics", headers=boss)).json()
+                    assert answered["workers"] == ["w0", "w1"] and answered["active_sessions"] == 1
+
+        asyncio.run(main())

@@ -18,8 +18,12 @@ reads each request's head (parsed with ``h11``) and sends the request on to:
 A WebSocket, once its handshake is sent on, is relayed both ways until either side closes. Plain
 HTTP requests are routed one by one (a kept-alive connection may name sessions of several
 workers); the front answers ``GET /health`` itself, for the whole: every worker's status, the
-sessions they hold and their capacity summed. HTTP/1.0 requests are relayed and answered as
-HTTP/1.1 ones are.
+sessions they hold and their capacity summed. It answers the observer's metrics for the whole too
+(``GET /openenv/metrics``, and MCP's ``openenv/metrics`` over ``POST /mcp``): it asks every running
+worker with the caller's credential, which each worker checks, and sums their counts and lists
+their sessions together (a refusal is the answer; a worker that does not answer within
+:data:`METRICS_WAIT_S` is named in ``unreported_workers``). HTTP/1.0 requests are relayed and
+answered as HTTP/1.1 ones are.
 
 **What a worker receives** is the request as the front parsed it: the head written again from its
 parsed fields and the body in the framing ``h11`` read, so that the worker reads what the front
@@ -81,6 +85,13 @@ logger = logging.getLogger(__name__)
 MAX_HEAD_BYTES = 64 * 1024
 """The largest request head accepted (uvicorn's own bound is about the same)."""
 CAPACITY_PATH = "/openenv/capacity"
+METRICS_PATH = "/openenv/metrics"
+METRICS_WAIT_S = 5.0
+"""How long the front waits for each worker's metrics."""
+METRICS_REPLY_MAX_BYTES = 16 << 20
+"""The largest metrics answer taken from a worker (a worker runs untrusted code)."""
+_ASKED_ON = (b"authorization", b"mcp-protocol-version")
+"""The caller's headers the front sends on when it asks every worker for their metrics."""
 _CREATING = frozenset({"openenv/session/create", "initialize"})  # JSON-RPC calls that make a session
 CREATE_KEYS_KEPT = 65536
 """Create keys the front remembers (key digest → worker), the oldest forgotten first: about 6 MiB."""
@@ -510,6 +521,9 @@ class Front(TCPRelay):
                         await self._relay_socket(request, client)
                         return
                     await self._read_ahead(request, client.incoming)
+                    if _asks_metrics(request):
+                        await _answer(client_writer, *await self._metrics(request, client))
+                        return
                     keep = await self._exchange(self._route(request), request, client)
                 except BadRequest as exc:
                     client.release()  # (a worker that got part of a request must not wait for the rest)
@@ -611,6 +625,70 @@ class Front(TCPRelay):
             answer["max_sessions"] = sum(w.max_sessions or 0 for w in self.workers.values())
             answer["workers"] = [w.status() for w in self.workers.values()]
         return 200 if up else 503, answer
+
+    async def _metrics(self, request: _Request, client: _Client) -> Tuple[int, Any]:
+        """The metrics of every running worker, asked as ``request`` asks (the caller's credential
+        goes with it: each worker decides), merged: :func:`merge_metrics`. The first refusal (an
+        HTTP error, or a JSON-RPC one) is the answer as its worker gave it."""
+        up = [w for w in self.workers.values() if w.up]
+        if not up:
+            raise BadRequest(503, "no worker of this server is running right now; retry shortly", "SERVER_BUSY")
+        rpc = request.message if request.path == "/mcp" else None
+        answers = await asyncio.gather(*(self._ask_metrics(w, request, client) for w in up))
+        parts: List[Tuple[str, Dict[str, Any]]] = []
+        unreported = [w.prefix for w in self.workers.values() if not w.up]
+        for worker, answer in zip(up, answers, strict=True):
+            if answer is None:
+                unreported.append(worker.prefix)
+                continue
+            status, content = answer
+            result = content.get("result") if rpc is not None and isinstance(content, dict) else content
+            if status != 200 or not isinstance(result, dict):
+                return status, content  # refused (or a worker's own error): as it said
+            parts.append((worker.prefix, result))
+        if not parts:
+            raise BadRequest(503, "no worker of this server answered for its metrics; retry shortly", "SERVER_BUSY")
+        merged = merge_metrics(parts)
+        if unreported:
+            merged["unreported_workers"] = sorted(unreported)
+        if rpc is not None:
+            return 200, {"jsonrpc": "2.0", "id": rpc.get("id"), "result": merged}
+        return 200, merged
+
+    async def _ask_metrics(self, worker: Worker, request: _Request, client: _Client) -> Optional[Tuple[int, Any]]:
+        """``worker``'s answer to ``request`` (its status and JSON), or None when it gave none
+        within :data:`METRICS_WAIT_S`."""
+        headers = [(b"host", b"worker"), (b"connection", b"close"), (b"x-forwarded-for", client.address.encode())]
+        headers += [(name, value) for name, value in request.headers if name in _ASKED_ON]
+        if request.body:
+            headers += [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(request.body))]
+        tracker = h11.Connection(h11.CLIENT)
+        try:
+            outgoing = tracker.send(h11.Request(method=request.head.method, target=request.path, headers=headers))
+            outgoing += tracker.send(h11.Data(data=request.body)) if request.body else b""
+            outgoing += tracker.send(h11.EndOfMessage())
+            reader, writer = await within(asyncio.open_unix_connection(worker.socket_path), METRICS_WAIT_S)
+            try:
+                writer.write(outgoing)
+                reply = await within(_read_bounded(reader, METRICS_REPLY_MAX_BYTES), METRICS_WAIT_S)
+            finally:
+                writer.close()
+            tracker.receive_data(reply)
+            tracker.receive_data(b"")
+            status, body = 0, bytearray()
+            while True:
+                event = tracker.next_event()
+                if isinstance(event, h11.Response):
+                    status = event.status_code
+                elif isinstance(event, h11.Data):
+                    body += event.data
+                elif isinstance(event, h11.EndOfMessage):
+                    return status, json.loads(body)
+                elif event is h11.NEED_DATA or isinstance(event, h11.ConnectionClosed):
+                    raise ValueError("the answer ended early")
+        except Exception as exc:  # stopping, stuck, or no JSON: left out, and named
+            logger.warning("worker %s did not report its metrics: %s", worker.prefix, exc)
+            return None
 
     async def _relay_socket(self, request: _Request, client: _Client) -> None:
         """A WebSocket handshake: on to its worker, then both ways until either side ends."""
@@ -790,6 +868,31 @@ def _keeps_alive(request: _Request) -> bool:
     return b"close" not in connection
 
 
+def _asks_metrics(request: _Request) -> bool:
+    """Whether ``request`` asks for the server's metrics (:meth:`Front._metrics` answers it)."""
+    if request.path == METRICS_PATH:
+        return request.head.method == b"GET"
+    return request.path == "/mcp" and request.head.method == b"POST" and _rpc_method(request) == "openenv/metrics"
+
+
+def merge_metrics(parts: Sequence[Tuple[str, Dict[str, Any]]]) -> Dict[str, Any]:
+    """The metrics of several workers (``(prefix, metrics)``) as one server's: numbers summed
+    (sessions open, the limit, resets, steps, ...), lists put together (each session's progress:
+    its id names its worker), anything else as the first worker has it; ``workers`` lists the
+    workers that answered."""
+    merged: Dict[str, Any] = {}
+    for _prefix, part in parts:
+        for key, value in part.items():
+            if isinstance(value, list):
+                merged.setdefault(key, []).extend(value)
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                merged[key] = merged.get(key, 0) + value
+            else:
+                merged.setdefault(key, value)
+    merged["workers"] = [prefix for prefix, _ in parts]
+    return merged
+
+
 def _rpc_method(request: _Request) -> Optional[str]:
     message = request.message
     method = message.get("method") if isinstance(message, dict) else None
@@ -815,9 +918,12 @@ async def _answer(writer: asyncio.StreamWriter, status: int, content: Any) -> No
 _REASONS = {
     200: "OK",
     400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
     404: "Not Found",
     408: "Request Timeout",
     413: "Content Too Large",
     431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
     503: "Service Unavailable",
 }
