@@ -559,3 +559,51 @@ def test_metrics_count_progress_and_never_carry_what_a_session_saw() -> None:
         client.reset(a)
         again = {e["session_id"]: e for e in http.get("/openenv/metrics", headers=observer).json()["sessions"]}
         assert (again[a]["steps"], again[a]["done"], again[a]["episodes"], again[a]["total_steps"]) == (0, False, 2, 2)
+
+
+def test_a_trainer_s_client_reads_its_own_session_s_trajectory_diff_and_grade() -> None:
+    """``EnvClient.trajectory()``, ``diff()`` and ``grade()`` (and the sync client's) ask over the
+    client's own connection, for its own session: no id, no grader's token. What cannot be
+    answered raises an error that says why, and the connection goes on serving."""
+    from openenv.core.client_errors import EnvClientError
+    from openenv.core.generic_client import GenericEnvClient
+
+    from .test_roles import ANSWER, quiz_app
+
+    write = {"type": "call_tool", "tool_name": "write", "arguments": {"path": "a.txt", "text": "hello\n"}}
+    with serve(notes_app()) as server:
+
+        async def play() -> None:
+            async with GenericEnvClient(base_url=server.base_url, headers=BOSS) as env:
+                with pytest.raises(EnvClientError, match="reset it first"):
+                    await env.diff()
+                await env.reset()
+                await env.step(write)
+                record = await env.trajectory()
+                assert [e["kind"] for e in record["entries"]] == ["reset", "step"]
+                assert record["session_id"] and record["truncated"] == 0
+                diff = await env.diff()
+                assert [e["path"] for e in diff["added"]] == ["a.txt"] and "+hello" in diff["diffs"]["a.txt"]
+                with pytest.raises(EnvClientError, match="SUPPORTS_SNAPSHOT"):
+                    await env.grade()  # (the check runs on a copy: the notes environment makes none)
+                assert (await env.step(write)).observation["result"]["data"] == "wrote a.txt"
+
+        asyncio.run(play())
+        with GenericEnvClient(base_url=server.base_url, headers=BOSS).sync() as env:
+            env.reset()
+            assert [e["kind"] for e in env.trajectory()["entries"]] == ["reset"]
+            assert env.diff()["added"] == []
+
+    with serve(quiz_app()) as server:
+        with GenericEnvClient(base_url=server.base_url, headers=bearer("orchestrator-token-0123456789")).sync() as env:
+            env.reset()
+            env.step({"type": "call_tool", "tool_name": "guess", "arguments": {"value": ANSWER}})
+            assert env.grade() == {"correct": True, "guesses": 1}
+            assert env.grade() == {"correct": True, "guesses": 1}  # run on a copy: the episode is untouched
+
+    with serve(notes_app(auth_token=None)) as server:  # no grader's token: nothing recorded
+        with GenericEnvClient(base_url=server.base_url).sync() as env:
+            env.reset()
+            with pytest.raises(EnvClientError, match="OPENENV_MAX_TRAJECTORY_STEPS"):
+                env.trajectory()
+            assert env.state() is not None

@@ -341,6 +341,9 @@ def test_ws_handshakes_and_the_orchestrator_s_frames_follow_the_table(world: Wor
             "snapshot": ("snapshot", "snapshot", lambda m: {"type": "snapshot"}),
             "restore": ("restore", "restore", lambda m: {"type": "restore", "data": {"snapshot": world.snapshot}}),
             "agent_token": ("mint", "agent_token", lambda m: {"type": "agent_token"}),
+            "grade": ("grade", "grade", lambda m: {"type": "grade"}),
+            "trajectory": ("trajectory", "trajectory", lambda m: {"type": "trajectory"}),
+            "diff": ("diff", "diff", lambda m: {"type": "diff"}),
         }
         mcp_frames: Dict[str, Any] = {
             "initialize": ("mcp lifecycle", lambda m: rpc_body("initialize")),

@@ -335,6 +335,25 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         nothing else; it dies with the session."""
         return self._dispatch(self._agent_token_async)
 
+    def grade(self) -> Any:
+        """The environment's ``grade()`` verdict on this session, run by the server on a copy of
+        it (what the check does never reaches the episode); the environment must support
+        snapshots and define ``grade()`` (see docs/roles.md)."""
+        return self._dispatch(self._grade_async)
+
+    def trajectory(self) -> Any:
+        """This session's record since its last reset: ``{"session_id", "entries", "truncated",
+        ...}``, each entry a reset, step or tool call with what it answered. The server must record
+        (``OPENENV_MAX_TRAJECTORY_STEPS``, on by default where it has a grader's token; see
+        docs/roles.md)."""
+        return self._dispatch(self._trajectory_async)
+
+    def diff(self) -> Any:
+        """What changed in this session's work directory since its last reset: ``{"added",
+        "removed", "modified", "diffs", ...}`` (an environment that declares one with
+        ``workspace_dir()``; see docs/roles.md)."""
+        return self._dispatch(self._diff_async)
+
     def fork(self, n: int = 1) -> Any:
         """``n`` new clients whose sessions start from this session's state now, each on its own
         connection to this client's server (behind a ``--workers`` front or a Ray pool, spread
@@ -836,6 +855,18 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
 
     async def _agent_token_async(self) -> Dict[str, Any]:
         response = await self._request({"type": "agent_token"})
+        return dict(response.get("data") or {})
+
+    async def _grade_async(self) -> Any:
+        response = await self._request({"type": "grade"})
+        return (response.get("data") or {}).get("grade")
+
+    async def _trajectory_async(self) -> Dict[str, Any]:
+        response = await self._request({"type": "trajectory"})
+        return dict(response.get("data") or {})
+
+    async def _diff_async(self) -> Dict[str, Any]:
+        response = await self._request({"type": "diff"})
         return dict(response.get("data") or {})
 
     async def _restore_async(self, snapshot: Snapshot) -> StateT:

@@ -52,6 +52,12 @@ class AsyncClient(Protocol):
 
     async def _agent_token_async(self) -> Any: ...
 
+    async def _grade_async(self) -> Any: ...
+
+    async def _trajectory_async(self) -> Any: ...
+
+    async def _diff_async(self) -> Any: ...
+
     def close(self) -> Any: ...
 
     def _step_payload(self, action: Any) -> dict: ...
@@ -112,6 +118,18 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
     def agent_token(self) -> dict:
         """A credential for this session's agent (see ``EnvClient.agent_token``)."""
         return self._run(self._client._agent_token_async())
+
+    def grade(self) -> Any:
+        """The environment's verdict on a copy of this session (see ``EnvClient.grade``)."""
+        return self._run(self._client._grade_async())
+
+    def trajectory(self) -> dict:
+        """This session's record since its last reset (see ``EnvClient.trajectory``)."""
+        return self._run(self._client._trajectory_async())
+
+    def diff(self) -> dict:
+        """What changed in this session's work directory since its reset (see ``EnvClient.diff``)."""
+        return self._run(self._client._diff_async())
 
     def fork(self, n: int = 1) -> list:
         """``n`` new clients starting from this session's state now (see ``EnvClient.fork``)."""

@@ -65,6 +65,8 @@ WATCH_AFTER_S = 0.05
 """A step running longer than this gets a watcher that notices the client leaving."""
 
 _BARE_KEYS = frozenset({"type"})
+_OF_THE_SESSION = {"agent_token": Op.MINT_AGENT, "grade": Op.GRADE, "trajectory": Op.TRAJECTORY, "diff": Op.DIFF}
+"""Bare frames answered with what the dispatch says of the connection's own session."""
 _EMPTY_RESULT = JsonRpcResponse.success({})
 _RESET_CHECKED = ("seed", "episode_id")
 
@@ -506,7 +508,9 @@ class WSProtocol:
 class SessionFrames(WSProtocol):
     """``/ws``: ``{"type": "reset" | "step" | "state" | "mcp" | "close", "data": ...}`` frames, and
     ours: ``snapshot`` (answered ``{"type": "snapshot", "data": {"snapshot": <base64>, "bytes": n}}``)
-    and ``restore`` (``"data": {"snapshot": <base64>}``, answered with the restored state)."""
+    and ``restore`` (``"data": {"snapshot": <base64>}``, answered with the restored state), and the
+    bare ``agent_token``, ``grade``, ``trajectory`` and ``diff``, answered ``{"type": <the same>,
+    "data": ...}`` with what their HTTP routes answer of the connection's session (see docs/roles.md)."""
 
     binary = _BINARY
 
@@ -571,11 +575,12 @@ class SessionFrames(WSProtocol):
                     return _envelope_error(WSStateMessage, message)
                 blob = await self.dispatcher.run(Call(Op.SNAPSHOT, None, None, seq, connection.principal), session)
                 return dumps_json({"type": "snapshot", "data": {"snapshot": snapshot_text(blob), "bytes": len(blob)}})
-            if kind == "agent_token":
+            if isinstance(kind, str) and kind in _OF_THE_SESSION:
                 if message.keys() != _BARE_KEYS:
                     return _envelope_error(WSStateMessage, message)
-                minted = await self.dispatcher.run(Call(Op.MINT_AGENT, None, None, seq, connection.principal), session)
-                return dumps_json({"type": "agent_token", "data": minted})
+                op = _OF_THE_SESSION[kind]
+                answer = await self.dispatcher.run(Call(op, None, None, seq, connection.principal), session)
+                return dumps_json({"type": kind, "data": {"grade": answer} if op == Op.GRADE else answer})
             if kind == "restore":
                 data = message.get("data")
                 if message.keys() != WS_ENVELOPE_KEYS or not isinstance(data, dict) or data.keys() != {"snapshot"}:
