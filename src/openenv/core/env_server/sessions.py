@@ -649,16 +649,16 @@ class SessionManager:
             raise
         finally:
             session.lock.release()
-            session.touch(step and ok)  # a failing call is activity too: the reaper must wait
+            # (Session.touch, written out: this runs on every call)
+            session.last_activity_at = time.time()  # a failing call is activity too: the reaper must wait
+            if step and ok:
+                session.step_count += 1
             if session.resume is not None:
                 session.resume.called()  # (a resume that makes no call does not get here)
-        if record is not None:
-            self._account(session, operation, record, result)
-        return result
-
-    def _account(self, session: Session, operation: str, asked: Any, answer: Any) -> None:
-        """A reset, step or tool call ran to its end: count it, note the session's progress,
-        and add it to the session's trajectory."""
+        if record is None:
+            return result
+        # A reset, step or tool call ran to its end: count it, note the session's progress (for
+        # the observer: a reward is a number, nothing else of the answer), add it to its trajectory.
         counts = self.counts
         if operation == "reset":
             counts.resets += 1
@@ -670,17 +670,17 @@ class SessionManager:
         else:
             counts.steps += 1
             session.episode_steps += 1
-        reward = getattr(answer, "reward", None)
-        if isinstance(reward, (int, float)):  # (a number: the observer sees nothing else of it)
+        reward = getattr(result, "reward", None)
+        if isinstance(reward, (int, float)):
             session.last_reward = float(reward)
             if math.isfinite(reward):
                 session.reward_total += reward
-        if not session.done and getattr(answer, "done", False) is True:
+        if not session.done and getattr(result, "done", False) is True:
             session.done = True
             counts.episodes_done += 1
-        trajectory = session.trajectory
-        if trajectory is not None:
-            trajectory.add(operation, asked, answer)
+        if session.trajectory is not None:
+            session.trajectory.add(operation, record, result)
+        return result
 
     def metrics(self) -> Dict[str, Any]:
         """Progress, for the observer: the sessions open and the limit, what they did since the
