@@ -817,7 +817,7 @@ class SessionManager:
         assert traits is not None
         if kwargs:
             kwargs = traits.filter(kwargs, traits.step_kwargs, _STEP_POSITIONAL)
-        if traits.steps_on_loop(action):
+        if traits.async_step or (traits.mcp and getattr(action, "type", None) in MCP_ACTIONS):  # steps_on_loop
             if kwargs:
                 return self.call(
                     session, "step", None, lambda env: env.step_async(action, **kwargs), step=True, record=action
