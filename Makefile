@@ -49,7 +49,7 @@ test: setup  ## lint (ruff, the import layers), then run the test suite
 	bash scripts/install-harnesses.sh npm
 	$(PY) -m ruff check src tests envs examples bench
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 test-newest:  ## the server tests with the newest uvicorn, websockets, fastmcp, fastapi, starlette (own venv, .venv-newest)
 	PYTHON=$(PYTHON) bash scripts/test-newest.sh
