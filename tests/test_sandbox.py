@@ -328,3 +328,30 @@ def test_a_package_under_tmp_stays_visible_to_warm_sandbox_servers(tmp_path):
         provider.stop()
     assert size == (project / "openenv.yaml").stat().st_size
     assert wrote is False
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["warden", "cold"])
+def test_a_sandbox_started_from_a_thread_that_ends_lives_on(warm):
+    """bwrap's --die-with-parent fires when the *thread* that forked it exits: a server (or, for
+    warm starts, the package's warden, shared by every later start) started from a short-lived
+    thread (asyncio.to_thread, a pool's worker, a sync client's loop) died with that thread. They
+    are forked from one long-lived thread instead; before, a loaded CI saw wardens die mid-start."""
+    shutdown_sandboxes()  # (a warden made by an earlier test would hide it: this one makes its own)
+    provider = SandboxProvider(str(ECHO), warm=warm)
+    started = threading.Thread(target=lambda: (provider.start(), provider.wait_for_ready(30)))
+    started.start()
+    started.join(60)
+    try:
+        time.sleep(0.5)  # the parent-death signal, had it been sent, has been by now
+        assert provider.poll() is None, "the server died with the thread that started it"
+        assert _echo_round_trip(provider.base_url)[0] == "Echo environment ready!"
+        if warm:  # the warden serves the next start, from this thread
+            again = SandboxProvider(str(ECHO))
+            again.start()
+            try:
+                again.wait_for_ready(30)
+                assert again._zygote is provider._zygote
+            finally:
+                again.stop()
+    finally:
+        provider.stop()

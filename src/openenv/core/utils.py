@@ -11,11 +11,13 @@ import json
 import os
 import re
 import stat
+import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Iterator, Optional, Tuple, TypeVar, Union
+from typing import Any, AsyncIterator, Awaitable, Iterator, List, Optional, Tuple, TypeVar, Union
 from urllib.parse import urlsplit, urlunsplit
 
 T = TypeVar("T")
@@ -335,3 +337,21 @@ def shown_path(path: Union[str, Path]) -> str:
         return os.path.relpath(absolute) if absolute.is_relative_to(Path.cwd()) else str(absolute)
     except (OSError, ValueError):  # no working directory any more
         return str(absolute)
+
+
+_spawner: Optional[ThreadPoolExecutor] = None
+_spawner_lock = threading.Lock()
+
+
+def popen_lasting(argv: List[str], **kwargs: Any) -> subprocess.Popen:
+    """``subprocess.Popen(argv, **kwargs)``, forked from one long-lived thread of this process.
+
+    A child told to die with its parent (bwrap's ``--die-with-parent``, ``PR_SET_PDEATHSIG``) is
+    told when the *thread* that forked it exits, not the process. Forked from a short-lived thread
+    (``asyncio.to_thread``, a pool's worker, a client's loop thread), a sandbox meant to outlive
+    that thread (a warden shared by later starts, a server, a REPL) would be killed with it."""
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None:
+            _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="openenv-spawner")
+    return _spawner.submit(subprocess.Popen, argv, **kwargs).result()

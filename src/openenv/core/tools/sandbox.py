@@ -24,7 +24,6 @@ import tempfile
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union
@@ -43,6 +42,7 @@ from openenv.core.containers.runtime.isolation import (
     sandbox_environment,
     sandbox_uid,
 )
+from openenv.core.utils import popen_lasting
 
 logger = logging.getLogger("openenv.tools")
 
@@ -66,21 +66,12 @@ _KILL_WAIT_S = 5.0  # how long a killed tree may take to disappear
 START_WAIT_S = 30.0
 """How long bwrap may take to build a sandbox."""
 
-_spawner: Optional[ThreadPoolExecutor] = None
-_spawner_lock = threading.Lock()
-
 
 def popen(argv: List[str], **kwargs: Any) -> subprocess.Popen:
-    """``subprocess.Popen`` run on one long-lived thread.
-
+    """``subprocess.Popen`` from one long-lived thread (:func:`openenv.core.utils.popen_lasting`):
     bwrap's ``--die-with-parent`` (and the launcher's parent-death signal) fire when the *thread*
-    that forked them exits; a server's worker thread may exit while a REPL's sandbox lives on.
-    """
-    global _spawner
-    with _spawner_lock:
-        if _spawner is None:
-            _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="openenv-sandbox-spawner")
-    return _spawner.submit(subprocess.Popen, argv, **kwargs).result()
+    that forked them exits; a server's worker thread may exit while a REPL's sandbox lives on."""
+    return popen_lasting(argv, **kwargs)
 
 
 # --- what the code sees of Python ------------------------------------------------------------

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from ...manifest import EnvManifest
+from ...utils import popen_lasting
 from . import seccomp
 from ._app_import import unreadable_message
 from ._linux import descendants
@@ -275,7 +276,7 @@ class _Zygote:
         log_r, log_w = os.pipe()
         try:
             self._copier = _LogCopier(log_r, self.log)
-            self.process = subprocess.Popen(
+            self.process = popen_lasting(  # (the warden outlives the thread that starts it)
                 command.command([python, "-m", _MODULE]),
                 env=sandbox_environment({"OPENENV_SANDBOX_CONFIG": json.dumps(config)}),
                 stdin=subprocess.DEVNULL,
@@ -590,7 +591,7 @@ class SandboxProvider(RuntimeProvider):
                 logger.warning("%s runs WITHOUT isolation: it can reach this machine's files and network", self.name)
                 config["parent_pid"] = os.getpid()
                 argv = [self.python, "-m", _MODULE]
-            self._process = subprocess.Popen(
+            self._process = popen_lasting(  # (the server outlives the thread that starts it)
                 argv,
                 env=sandbox_environment({**env, "OPENENV_SANDBOX_CONFIG": json.dumps(config)}),
                 cwd=str(directory) if not sandboxed else None,
