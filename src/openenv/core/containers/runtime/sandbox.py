@@ -591,7 +591,10 @@ class SandboxProvider(RuntimeProvider):
                 logger.warning("%s runs WITHOUT isolation: it can reach this machine's files and network", self.name)
                 config["parent_pid"] = os.getpid()
                 argv = [self.python, "-m", _MODULE]
-            self._process = popen_lasting(  # (the server outlives the thread that starts it)
+            # bwrap dies with the thread that forks it (--die-with-parent): a sandbox is forked
+            # from a thread that lasts; a server without one watches this process instead.
+            spawn = popen_lasting if sandboxed else subprocess.Popen
+            self._process = spawn(
                 argv,
                 env=sandbox_environment({**env, "OPENENV_SANDBOX_CONFIG": json.dumps(config)}),
                 cwd=str(directory) if not sandboxed else None,
