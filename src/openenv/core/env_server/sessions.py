@@ -649,10 +649,7 @@ class SessionManager:
             raise
         finally:
             session.lock.release()
-            # (Session.touch, written out: this runs on every call)
-            session.last_activity_at = time.time()  # a failing call is activity too: the reaper must wait
-            if step and ok:
-                session.step_count += 1
+            session.touch(step and ok)  # a failing call is activity too: the reaper must wait
             if session.resume is not None:
                 session.resume.called()  # (a resume that makes no call does not get here)
         if record is None:
@@ -817,7 +814,7 @@ class SessionManager:
         assert traits is not None
         if kwargs:
             kwargs = traits.filter(kwargs, traits.step_kwargs, _STEP_POSITIONAL)
-        if traits.async_step or (traits.mcp and getattr(action, "type", None) in MCP_ACTIONS):  # steps_on_loop
+        if traits.steps_on_loop(action):
             if kwargs:
                 return self.call(
                     session, "step", None, lambda env: env.step_async(action, **kwargs), step=True, record=action

@@ -463,11 +463,11 @@ class HarnessProcess:
             close_all,
             keyctl_number,
             make_cgroup,
-            popen,
             resolve_interpreter,
             show_interpreter,
             write_all,
         )
+        from openenv.core.utils import popen_lasting
 
         sandbox = self.sandbox
         assert sandbox is not None
@@ -574,7 +574,7 @@ class HarnessProcess:
                 "max_connections": sandbox.max_connections,
             }
             try:
-                self._proc = popen(  # on a long-lived thread: bwrap dies with the thread that forked it
+                self._proc = popen_lasting(  # on a long-lived thread: bwrap dies with the thread that forked it
                     argv,
                     **pipes.child_ends(),
                     pass_fds=child_fds,

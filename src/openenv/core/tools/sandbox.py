@@ -44,6 +44,9 @@ from openenv.core.containers.runtime.isolation import (
 )
 from openenv.core.utils import popen_lasting
 
+popen = popen_lasting
+"""``subprocess.Popen`` from one long-lived thread (:func:`openenv.core.utils.popen_lasting`)."""
+
 logger = logging.getLogger("openenv.tools")
 
 Isolation = Literal["sandbox", "none"]
@@ -65,13 +68,6 @@ _MIB = 1024 * 1024
 _KILL_WAIT_S = 5.0  # how long a killed tree may take to disappear
 START_WAIT_S = 30.0
 """How long bwrap may take to build a sandbox."""
-
-
-def popen(argv: List[str], **kwargs: Any) -> subprocess.Popen:
-    """``subprocess.Popen`` from one long-lived thread (:func:`openenv.core.utils.popen_lasting`):
-    bwrap's ``--die-with-parent`` (and the launcher's parent-death signal) fire when the *thread*
-    that forked them exits; a server's worker thread may exit while a REPL's sandbox lives on."""
-    return popen_lasting(argv, **kwargs)
 
 
 # --- what the code sees of Python ------------------------------------------------------------
@@ -440,7 +436,7 @@ class LocalSandbox:
                 max_tree_entries=spec.max_tree_entries,
             )
         try:
-            self.proc = popen(
+            self.proc = popen_lasting(  # bwrap dies with the thread that forks it
                 argv,
                 stdin=subprocess.PIPE if spec.stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,

@@ -486,17 +486,9 @@ class Front(TCPRelay):
 
     async def _ask(self, worker: Worker) -> None:
         # POLL_TARGET: the workers keep these polls, once a second each, out of their access logs
-        request = b"GET %s HTTP/1.1\r\nhost: worker\r\nconnection: close\r\n" % POLL_TARGET.encode()
-        if self.token is not None:
-            request += b"authorization: Bearer " + self.token + b"\r\n"
+        headers = [(b"authorization", b"Bearer " + self.token)] if self.token is not None else []
         try:
-            reader, writer = await within(asyncio.open_unix_connection(worker.socket_path), 2.0)
-            try:
-                writer.write(request + b"\r\n")
-                reply = await within(_read_bounded(reader, 65536), 2.0)
-            finally:
-                writer.close()
-            report = json.loads(reply.partition(b"\r\n\r\n")[2])
+            _status, report = await _ask_worker(worker, b"GET", POLL_TARGET.encode(), headers, 65536, 2.0)
             worker.max_sessions, worker.reported = int(report["max_sessions"]), int(report["active_sessions"])
             worker.placed = 0
         except Exception as exc:  # a worker that is stopping, or not ready: the supervisor decides
@@ -658,34 +650,18 @@ class Front(TCPRelay):
     async def _ask_metrics(self, worker: Worker, request: _Request, client: _Client) -> Optional[Tuple[int, Any]]:
         """``worker``'s answer to ``request`` (its status and JSON), or None when it gave none
         within :data:`METRICS_WAIT_S`."""
-        headers = [(b"host", b"worker"), (b"connection", b"close"), (b"x-forwarded-for", client.address.encode())]
+        headers = [(b"x-forwarded-for", client.address.encode())]
         headers += [(name, value) for name, value in request.headers if name in _ASKED_ON]
-        if request.body:
-            headers += [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(request.body))]
-        tracker = h11.Connection(h11.CLIENT)
         try:
-            outgoing = tracker.send(h11.Request(method=request.head.method, target=request.path, headers=headers))
-            outgoing += tracker.send(h11.Data(data=request.body)) if request.body else b""
-            outgoing += tracker.send(h11.EndOfMessage())
-            reader, writer = await within(asyncio.open_unix_connection(worker.socket_path), METRICS_WAIT_S)
-            try:
-                writer.write(outgoing)
-                reply = await within(_read_bounded(reader, METRICS_REPLY_MAX_BYTES), METRICS_WAIT_S)
-            finally:
-                writer.close()
-            tracker.receive_data(reply)
-            tracker.receive_data(b"")
-            status, body = 0, bytearray()
-            while True:
-                event = tracker.next_event()
-                if isinstance(event, h11.Response):
-                    status = event.status_code
-                elif isinstance(event, h11.Data):
-                    body += event.data
-                elif isinstance(event, h11.EndOfMessage):
-                    return status, json.loads(body)
-                elif event is h11.NEED_DATA or isinstance(event, h11.ConnectionClosed):
-                    raise ValueError("the answer ended early")
+            return await _ask_worker(
+                worker,
+                request.head.method,
+                request.path.encode(),
+                headers,
+                METRICS_REPLY_MAX_BYTES,
+                METRICS_WAIT_S,
+                request.body,
+            )
         except Exception as exc:  # stopping, stuck, or no JSON: left out, and named
             logger.warning("worker %s did not report its metrics: %s", worker.prefix, exc)
             return None
@@ -833,6 +809,46 @@ class Front(TCPRelay):
                 return True
             elif isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
                 return True
+
+
+async def _ask_worker(
+    worker: Worker,
+    method: bytes,
+    target: bytes,
+    headers: List[Tuple[bytes, bytes]],
+    limit: int,
+    wait_s: float,
+    body: bytes = b"",
+) -> Tuple[int, Any]:
+    """The front's own request to ``worker`` (on a connection of its own, closed after it): its
+    answer's status and JSON, read within ``wait_s`` and at most ``limit`` bytes (a worker runs
+    untrusted code); an exception when there is none."""
+    headers = [(b"host", b"worker"), (b"connection", b"close"), *headers]
+    if body:
+        headers += [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    tracker = h11.Connection(h11.CLIENT)
+    outgoing = tracker.send(h11.Request(method=method, target=target, headers=headers))
+    outgoing += (tracker.send(h11.Data(data=body)) or b"") if body else b""
+    outgoing += tracker.send(h11.EndOfMessage()) or b""
+    reader, writer = await within(asyncio.open_unix_connection(worker.socket_path), wait_s)
+    try:
+        writer.write(outgoing)
+        reply = await within(_read_bounded(reader, limit), wait_s)
+    finally:
+        writer.close()
+    tracker.receive_data(reply)
+    tracker.receive_data(b"")
+    status, answer = 0, bytearray()
+    while True:
+        event = tracker.next_event()
+        if isinstance(event, h11.Response):
+            status = event.status_code
+        elif isinstance(event, h11.Data):
+            answer += event.data
+        elif isinstance(event, h11.EndOfMessage):
+            return status, json.loads(answer)
+        elif event is h11.NEED_DATA or isinstance(event, h11.ConnectionClosed):
+            raise ValueError(f"the answer ended early ({len(reply)} bytes)")
 
 
 async def _read_bounded(reader: asyncio.StreamReader, limit: int) -> bytes:
