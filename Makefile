@@ -16,6 +16,10 @@ TRAIN_STAMP := $(VENV)/.train-installed
 # pip sees only PyPI it is a CUDA build of several GB. Pip arguments go here, e.g.
 #   make test TORCH="torch --index-url https://download.pytorch.org/whl/cpu"
 TORCH ?= torch==2.13.0
+# Test processes (pytest-xdist): each runs whole test files, so a file's module fixtures (a Ray
+# cluster, a sandbox warden) start once and its tests run in order, as alone. Most of a test waits
+# on servers, sandboxes and subprocesses: two processes on two cores halve the run. 0: one process.
+TEST_WORKERS ?= 2
 # Every environment package of the catalogue (envs/<name>_env), installed editable with its dependencies.
 ENVS := $(sort $(patsubst %/pyproject.toml,%,$(wildcard envs/*_env/pyproject.toml)))
 
@@ -49,7 +53,7 @@ test: setup  ## lint (ruff, the import layers), then run the test suite
 	bash scripts/install-harnesses.sh npm
 	$(PY) -m ruff check src tests envs examples bench
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 test-newest:  ## the server tests with the newest uvicorn, websockets, fastmcp, fastapi, starlette (own venv, .venv-newest)
 	PYTHON=$(PYTHON) bash scripts/test-newest.sh

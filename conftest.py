@@ -23,11 +23,21 @@ SNIPPET_TIMEOUT_S = 180
 
 @pytest.fixture(scope="session")
 def echo_url() -> Iterator[str]:
-    """A real echo environment server on 127.0.0.1, for the snippets that use one."""
-    from echo_env.server.app import app
+    """A real echo environment server on 127.0.0.1, for the snippets that use one.
 
+    It serves an app of its own, built as ``echo_env.server.app`` builds its ``app``: tests that
+    run in this process between two snippets serve that module's app and stop it, which closes
+    the app's sessions for every server of it."""
+    from echo_env.models import EchoObservation
+    from echo_env.server.echo_environment import EchoEnvironment
+
+    from openenv.core.env_server.http_server import create_app
+    from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
     from openenv.core.env_server.serving.runner import BackgroundServer
 
+    app = create_app(
+        EchoEnvironment, CallToolAction, CallToolObservation, env_name="echo_env", reset_observation_cls=EchoObservation
+    )
     with BackgroundServer(app) as server:
         yield server.base_url
 
