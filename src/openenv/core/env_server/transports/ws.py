@@ -253,6 +253,14 @@ class WSConnection:
             self._move(ConnectionState.CLOSED)
 
     async def _serve(self) -> None:
+        # The connection's calls run in a task of their own. A coroutine resumed after an await
+        # re-enters every frame that awaits it: here, the ASGI chain of uvicorn, Starlette,
+        # FastAPI and the edges (about a dozen frames), once per message, or twice for a step
+        # handed to a worker. Awaiting a task, that chain sleeps until the connection ends.
+        # Cancelling this coroutine's task (the server stopping) cancels the awaited one too.
+        await asyncio.get_running_loop().create_task(self._serve_here())
+
+    async def _serve_here(self) -> None:
         self._task = asyncio.current_task()
         watch = self.context.watch
         watch.register(self)
