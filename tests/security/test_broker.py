@@ -118,8 +118,8 @@ def test_each_code_run_gets_a_cgroup_of_its_own_under_the_servers(warm):
     roots = cgroup_roots()
     assert roots is not None
 
-    def runs_cgroups() -> list:
-        return [p for root in roots.dirs for p in Path(root).glob("openenv-*/*/openenv-tools-*")]
+    def runs_cgroups() -> list:  # under this process's sandboxes (openenv-<pid>-...): not another test run's
+        return [p for root in roots.dirs for p in Path(root).glob(f"openenv-{os.getpid()}-*/*/openenv-tools-*")]
 
     assert not runs_cgroups()
     warm.value(

@@ -25,6 +25,7 @@ from coding_env.server.coding_environment import CodingEnvironment, ShapingRewar
 
 from openenv.core.client_errors import ActionValidationError
 from openenv.core.containers.runtime import SandboxProvider
+from openenv.core.containers.runtime._linux import descendants
 from openenv.core.containers.runtime.isolation import find_bwrap
 from openenv.core.generic_client import GenericEnvClient
 from openenv.testing import host_listener, planted_secret, processes_added, processes_per_uid
@@ -229,23 +230,24 @@ def test_writing_into_etc_fails(env, url: str) -> None:
 
 def test_steps_leave_no_process_behind_not_even_a_zombie(env) -> None:
     assert run(env, "print(0)").exit_code == 0
-    before = processes_per_uid()  # the server, and whatever else runs here
+    before = processes_per_uid(below=os.getpid())  # the server, and whatever else runs here
     for _ in range(5):
         assert run(env, "import subprocess\nsubprocess.Popen(['sleep', '30'])\nprint(1)").exit_code == 0
-    assert not processes_added(before)
+    assert not processes_added(before, below=os.getpid())
 
 
 def test_a_fork_bomb_is_bounded_and_leaves_nothing_behind(env, url: str) -> None:
     assert run(env, "print(0)").exit_code == 0
-    before = processes_per_uid()
-    host_processes = len([p for p in os.listdir("/proc") if p.isdigit()])
+    before = processes_per_uid(below=os.getpid())
+    # processes below this one: a sandbox's all are (other test runs on the machine are not)
+    host_processes = len(descendants(os.getpid()))
     peak = [0]
     done = threading.Event()
 
     def watch() -> None:
         # The bomb's copies share one uid: the run's own (as root), else the server's.
         while not done.is_set():
-            peak[0] = max([peak[0], *processes_added(before).values()])
+            peak[0] = max([peak[0], *processes_added(before, below=os.getpid()).values()])
             time.sleep(0.05)
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -258,8 +260,8 @@ def test_a_fork_bomb_is_bounded_and_leaves_nothing_behind(env, url: str) -> None
     assert observation.exit_code != 0
     assert "BlockingIOError" in observation.stderr or "Resource temporarily unavailable" in observation.stderr
     assert 20 < peak[0] <= 64 + 2  # it multiplied up to the process limit, plus bwrap and the launcher
-    assert len([p for p in os.listdir("/proc") if p.isdigit()]) <= host_processes + 66
-    assert not processes_added(before)  # every forked copy went with the sandbox
+    assert len(descendants(os.getpid())) <= host_processes + 66
+    assert not processes_added(before, below=os.getpid())  # every forked copy went with the sandbox
     assert healthy(url)
     assert run(env, "print('after the bomb')").stdout == "after the bomb\n"
 

@@ -23,6 +23,7 @@ from repl_env.server.repl_environment import answers_match, load_tasks
 
 from openenv.core.client_errors import ActionValidationError, NotSupportedError, ServerError
 from openenv.core.containers.runtime import SandboxProvider
+from openenv.core.containers.runtime._linux import descendants
 from openenv.core.containers.runtime.isolation import find_bwrap
 from openenv.core.generic_client import GenericEnvClient
 from openenv.testing import wait_for
@@ -72,9 +73,10 @@ SANDBOX_UIDS = 1_000_000  # where the uids of sandboxes start (isolation.sandbox
 
 
 def _processes_from_uid(low: int) -> list:
-    """(pid, command line) of the processes that run as ``low`` or a higher uid."""
+    """(pid, command line) of this process's descendants (its sandboxes: not other test runs')
+    that run as ``low`` or a higher uid."""
     found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for pid in map(str, descendants(os.getpid())):
         try:
             uid = int(Path(f"/proc/{pid}/status").read_text().split("\nUid:\t")[1].split()[0])
             if uid >= low:

@@ -301,13 +301,13 @@ def test_a_fork_bomb_is_bounded_and_the_server_keeps_answering(env, url):
     env.reset(task_id="hello_file")
     # Commands run as a uid of their own each (as root, through the server's broker), or as the
     # server's in a user namespace: either way the bomb's processes all share one uid.
-    before = processes_per_uid()
+    before = processes_per_uid(below=os.getpid())
     peak = [0]
     done = threading.Event()
 
     def watch() -> None:
         while not done.is_set():
-            peak[0] = max([peak[0], *processes_added(before).values()])
+            peak[0] = max([peak[0], *processes_added(before, below=os.getpid()).values()])
             time.sleep(0.01)
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -321,7 +321,9 @@ def test_a_fork_bomb_is_bounded_and_the_server_keeps_answering(env, url):
     assert time.monotonic() - started < 15
     assert "Resource temporarily unavailable" in result["stderr"] or "retry" in result["stderr"]
     assert 20 < peak[0] <= 64 + 8  # it did multiply, up to the process limit (64) and no further
-    assert wait_for(lambda: not processes_added(before)), processes_added(before)  # and nothing is left behind
+    assert wait_for(lambda: not processes_added(before, below=os.getpid())), processes_added(
+        before, below=os.getpid()
+    )  # and nothing is left behind
     assert answers(url)
     assert run(env, "echo alive")["stdout"] == "alive\n"
 
@@ -349,10 +351,10 @@ def test_an_infinite_loop_is_killed_by_the_timeout_while_other_sessions_are_serv
 
 def test_commands_leave_no_processes_or_zombies_behind(env):
     env.reset(task_id="hello_file")
-    before = processes_per_uid()
+    before = processes_per_uid(below=os.getpid())
     for _ in range(20):
         run(env, "sleep 30 & (setsid sleep 30 &) ; true")
-    assert wait_for(lambda: not processes_added(before)), processes_added(before)
+    assert wait_for(lambda: not processes_added(before, below=os.getpid())), processes_added(before, below=os.getpid())
 
 
 @pytest.mark.xfail(

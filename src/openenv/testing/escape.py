@@ -13,6 +13,8 @@ import uuid
 from pathlib import Path
 from typing import Callable, Dict, Iterator, Optional, Union
 
+from openenv.core.containers.runtime._linux import descendants
+
 
 @dataclasses.dataclass(frozen=True)
 class PlantedSecret:
@@ -98,14 +100,21 @@ def host_listener(reply: bytes = b"pong", timeout_s: float = 5.0) -> Iterator[Ho
         listener.close()
 
 
-def processes_per_uid() -> collections.Counter[int]:
+def processes_per_uid(below: Optional[int] = None) -> collections.Counter[int]:
     """How many of this machine's processes run as each uid (as this process's ``/proc`` shows them).
 
     A sandboxed run has a uid of its own when OpenEnv runs as root (and the server's, in a user
     namespace, otherwise): compare two counts with :func:`processes_added` to see what a run
-    started and what it left behind, whichever uid it had."""
+    started and what it left behind, whichever uid it had. ``below``: count only the processes
+    that descend from that pid. Every process of a sandbox descends from the process that started
+    it, so ``below=os.getpid()`` leaves out sandboxes that other programs (another test run, say)
+    start and stop meanwhile."""
+    if below is None:
+        pids = filter(str.isdigit, os.listdir("/proc"))
+    else:
+        pids = map(str, descendants(below))
     counts: collections.Counter = collections.Counter()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for pid in pids:
         try:
             status = Path(f"/proc/{pid}/status").read_text()
         except OSError:
@@ -117,9 +126,12 @@ def processes_per_uid() -> collections.Counter[int]:
     return counts
 
 
-def processes_added(before: collections.Counter[int], now: Optional[collections.Counter[int]] = None) -> Dict[int, int]:
-    """uid -> processes more than in ``before``, for unprivileged uids (1000 and up) that grew."""
-    now = processes_per_uid() if now is None else now
+def processes_added(
+    before: collections.Counter[int], now: Optional[collections.Counter[int]] = None, below: Optional[int] = None
+) -> Dict[int, int]:
+    """uid -> processes more than in ``before``, for unprivileged uids (1000 and up) that grew;
+    ``below``: as for :func:`processes_per_uid` (give the one ``before`` was counted with)."""
+    now = processes_per_uid(below) if now is None else now
     return {uid: now[uid] - before[uid] for uid in now if uid >= 1000 and now[uid] > before[uid]}
 
 

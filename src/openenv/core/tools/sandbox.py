@@ -44,9 +44,6 @@ from openenv.core.containers.runtime.isolation import (
 )
 from openenv.core.utils import popen_lasting
 
-popen = popen_lasting
-"""``subprocess.Popen`` from one long-lived thread (:func:`openenv.core.utils.popen_lasting`)."""
-
 logger = logging.getLogger("openenv.tools")
 
 Isolation = Literal["sandbox", "none"]
@@ -679,7 +676,6 @@ __all__ = [
     "keyctl_number",
     "launch_error",
     "make_cgroup",
-    "popen",
     "resolve_interpreter",
     "set_cgroup_parent",
     "show_interpreter",
